@@ -1,0 +1,1 @@
+"""Data generators, corruptions and evaluation sets. Knows nothing of models."""
