@@ -1,0 +1,324 @@
+"""Tests of ceu_jax.metrics: SQuAD EM/F1, calibration, bootstrap, CEU summaries."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ceu_jax import metrics as m
+from ceu_jax.metrics import resampling as bs
+
+NAN = float("nan")
+
+
+# ---------------------------------------------------------------- EM / F1 --
+
+@pytest.mark.parametrize("text, normalised", [
+    ("The Cat", "cat"),
+    ("a cat!", "cat"),
+    ("An apple, the pear.", "apple pear"),
+    ("  cat \t sat\n", "cat sat"),
+    ("Theatre anthem", "theatre anthem"),    # articles only as whole words
+    ("U.S.A.", "usa"),                       # punctuation removed, no space
+    ("rock-n-roll", "rocknroll"),
+    ("A, b; the C.", "b c"),
+    ("the a an", ""),
+    ("“cat”", "“cat”"),                      # only ASCII punctuation stripped
+])
+def test_normalize_answer(text, normalised):
+  assert m.normalize_answer(text) == normalised
+
+
+@pytest.mark.parametrize("prediction, golds, em, f1", [
+    ("The Cat", "cat", 1.0, 1.0),
+    ("cat.", ["dog", "the cat"], 1.0, 1.0),            # max over golds
+    ("the cat sat", "cat sat on mat", 0.0, 2 / 3),     # P = 1, R = 1/2
+    ("cat cat", "cat", 0.0, 2 / 3),                    # bags: P = 1/2, R = 1
+    ("cat sat", ["dog", "cat sat on mat"], 0.0, 2 / 3),
+    ("Paris France", ["london", "paris"], 0.0, 2 / 3),
+    ("dog", "cat", 0.0, 0.0),
+    ("the", "a", 1.0, 0.0),   # both empty: EM 1, F1 0 (SQuAD v1.1 rule)
+    ("cat", "the", 0.0, 0.0),
+])
+def test_em_f1_table(prediction, golds, em, f1):
+  assert m.exact_match(prediction, golds) == em
+  assert m.token_f1(prediction, golds) == pytest.approx(f1)
+
+
+def test_em_f1_batch_and_errors():
+  preds = ["the cat", "dog"]
+  golds = [["cat"], "a dog!"]
+  np.testing.assert_array_equal(m.exact_match_batch(preds, golds), [1, 1])
+  np.testing.assert_allclose(m.token_f1_batch(preds, golds), [1, 1])
+  with pytest.raises(ValueError):
+    m.exact_match("x", [])
+  with pytest.raises(ValueError):
+    m.token_f1_batch(["x"], [])
+
+
+def test_token_exact_match_ignores_gold_padding():
+  gold = np.array([[5, 6, 0], [5, 6, 0], [5, 0, 0], [7, 8, 9]])
+  pred = np.array([[5, 6, 3], [5, 7, 0], [5, 9, 9], [7, 8, 9]])
+  np.testing.assert_array_equal(m.token_exact_match(pred, gold),
+                                [True, False, True, True])
+  logits = np.full((4, 3, 10), -1.0)
+  np.put_along_axis(logits, pred[..., None], 1.0, axis=-1)
+  np.testing.assert_array_equal(m.teacher_forced_exact_match(logits, gold),
+                                [True, False, True, True])
+  with pytest.raises(ValueError):
+    m.token_exact_match(pred[:, :2], gold)
+
+
+# ------------------------------------------------------ NLL / ECE / Brier --
+
+def test_nll():
+  np.testing.assert_allclose(m.nll(np.array([-2.0, -4.0])), [2.0, 4.0])
+  np.testing.assert_allclose(m.nll(np.array([-2.0, -4.0]), np.array([2, 4])),
+                             [1.0, 1.0])
+
+
+def test_ece_hand_computed():
+  conf = np.array([0.9, 0.9, 0.7, 0.7, 0.1])
+  correct = np.array([1, 0, 1, 1, 0])
+  # Bins of width 0.2: (0.8,1]: |0.5-0.9|·2/5; (0.6,0.8]: |1-0.7|·2/5;
+  # (0,0.2]: |0-0.1|·1/5.
+  assert m.ece(conf, correct, num_bins=5) == pytest.approx(0.16 + 0.12 + 0.02)
+  assert m.ece(np.full(4, 0.75), np.array([1, 1, 1, 0])) == pytest.approx(0.0)
+  # One bin: |accuracy − mean confidence|.
+  assert m.ece(conf, correct, num_bins=1) == pytest.approx(abs(0.6 - 0.66))
+
+
+def test_ece_bins_are_right_closed():
+  bins = m.reliability_bins(np.array([0.0, 0.25, 0.5, 0.75, 1.0]),
+                            np.array([1, 1, 0, 0, 1]), num_bins=4)
+  assert bins["count"] == [2, 1, 1, 1]   # 0 and 0.25 in (0, 0.25]
+  assert bins["accuracy"] == [1.0, 0.0, 0.0, 1.0]
+  assert bins["confidence"][0] == pytest.approx(0.125)
+  empty = m.reliability_bins(np.array([0.9]), np.array([1]), num_bins=2)
+  assert empty["count"] == [0, 1] and empty["accuracy"][0] is None
+  with pytest.raises(ValueError):
+    m.ece(np.array([1.2]), np.array([1]))
+
+
+def test_confidence_from_probs():
+  probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.5, 0.4]])
+  conf, correct = m.confidence_from_probs(probs, np.array([0, 2]))
+  np.testing.assert_allclose(conf, [0.7, 0.5])
+  np.testing.assert_array_equal(correct, [True, False])
+  conf, correct = m.confidence_from_probs(probs, np.array([0, 2]),
+                                          predictions=np.array([1, 2]))
+  np.testing.assert_allclose(conf, [0.2, 0.4])
+  np.testing.assert_array_equal(correct, [False, True])
+
+
+def test_brier_hand_computed():
+  probs = np.array([[0.7, 0.2, 0.1], [0.7, 0.2, 0.1], [1.0, 0.0, 0.0]])
+  np.testing.assert_allclose(m.brier_multiclass(probs, np.array([0, 2, 1])),
+                             [0.09 + 0.04 + 0.01, 0.49 + 0.04 + 0.81, 2.0])
+  np.testing.assert_allclose(
+      m.brier_binary(np.array([0.8, 0.8, 0.5]), np.array([1, 0, 1])),
+      [0.04, 0.64, 0.25])
+
+
+# -------------------------------------------------------------- bootstrap --
+
+def test_bootstrap_mean_ci_covers_at_nominal_rate():
+  rng = np.random.default_rng(123)
+  hits = 0
+  for _ in range(200):
+    agg = m.mean_ci(rng.normal(1.0, 2.0, size=100))
+    hits += agg.contains(1.0)
+  assert 0.90 <= hits / 200 <= 0.99
+
+
+def test_paired_difference_ci_covers_at_nominal_rate():
+  rng = np.random.default_rng(7)
+  hits = 0
+  for _ in range(200):
+    shared = rng.normal(0.0, 3.0, size=80)   # strong per-example pairing
+    a = shared + 0.3 + rng.normal(0.0, 0.5, size=80)
+    b = shared + rng.normal(0.0, 0.5, size=80)
+    hits += m.paired_difference_ci(a, b).contains(0.3)
+  assert 0.90 <= hits / 200 <= 0.99
+
+
+def test_bootstrap_properties():
+  x = np.random.default_rng(0).normal(size=50)
+  agg = m.mean_ci(x)
+  assert agg.value == pytest.approx(x.mean()) and agg.n == 50
+  assert agg.ci_low < agg.value < agg.ci_high
+  assert m.mean_ci(x) == agg                       # fixed seed: reproducible
+  assert m.mean_ci(x, seed=1) != agg
+  wide = m.mean_ci(x, level=0.99)
+  assert wide.ci_low <= agg.ci_low and wide.ci_high >= agg.ci_high
+  assert m.mean_ci(np.array([])) == m.Aggregate(None, None, None, 0)
+  assert m.mean_ci(np.array([3.0])) == m.Aggregate(3.0, 3.0, 3.0, 1)
+  assert json.loads(json.dumps(agg.to_dict())) == agg.to_dict()
+  with pytest.raises(ValueError):
+    m.mean_ci(np.array([1.0, NAN]))
+
+
+def test_bootstrap_chunking_does_not_change_result(monkeypatch):
+  x = np.random.default_rng(1).normal(size=64)
+  full = m.quantile_ci(x, 0.25, num_resamples=300)
+  monkeypatch.setattr(bs, "_CHUNK_ELEMENTS", 64 * 7)
+  assert m.quantile_ci(x, 0.25, num_resamples=300) == full
+
+
+def test_bootstrap_scalar_matches_vectorised():
+  rng = np.random.default_rng(2)
+  conf, correct = rng.random(40), rng.random(40) < 0.6
+  vec = m.bootstrap(m.ece_resampled, conf, correct, num_resamples=50)
+  loop = m.bootstrap_scalar(m.ece, conf, correct, num_resamples=50)
+  assert vec.value == pytest.approx(loop.value)
+  assert vec.ci_low == pytest.approx(loop.ci_low)
+  assert vec.ci_high == pytest.approx(loop.ci_high)
+
+
+def test_paired_difference_and_delta_causal():
+  rng = np.random.default_rng(3)
+  placebo = rng.normal(size=30)
+  agg = m.delta_causal(placebo + 0.5, placebo)
+  assert agg.value == pytest.approx(0.5) and agg.n == 30
+  assert agg.ci_low == pytest.approx(0.5) and agg.ci_high == pytest.approx(0.5)
+  med = m.paired_difference_ci(placebo + 1.0, placebo, statistic="median")
+  assert med.value == pytest.approx(1.0)
+  with pytest.raises(ValueError):
+    m.paired_difference_ci(placebo, placebo[:5])
+  with pytest.raises(ValueError):
+    m.paired_difference_ci(placebo, placebo, statistic="mode")
+
+
+# ---------------------------------------------------------- CEU summaries --
+
+def test_stabilised_ceu_and_degenerate_flag():
+  l_plus = np.zeros(5)
+  l_minus = np.array([-2.0, -2.0, -2.0, -2.0, -0.0005])
+  l_int = np.array([-1.0, 1.0, -3.0, 0.0, 0.0])
+  ceu, degenerate = m.stabilised_ceu(l_int, l_minus, l_plus, eps=1e-3)
+  np.testing.assert_allclose(ceu[:4], [0.5, 1.0, 0.0, 1.0])
+  assert np.isnan(ceu[4])
+  np.testing.assert_array_equal(degenerate, [False] * 4 + [True])
+
+
+def _hand_rows():
+  return {
+      "correct": np.array([True, True, True, False, True, True]),
+      "ceu_ev": np.array([0.9, 0.5, 0.3, 0.95, NAN, 0.74]),
+      "degenerate": np.array([False, False, False, False, True, False]),
+  }
+
+
+def test_supported_answer_rate_hand_built():
+  r = _hand_rows()
+  rates = m.supported_answer_rate(r["correct"], r["ceu_ev"], r["degenerate"])
+  assert list(rates) == ["0.25", "0.5", "0.75"]
+  assert rates["0.25"]["value"] == pytest.approx(4 / 6)
+  assert rates["0.5"]["value"] == pytest.approx(3 / 6)   # CEU = τ counts
+  assert rates["0.75"]["value"] == pytest.approx(1 / 6)
+  assert all(v["n"] == 6 for v in rates.values())        # degenerate in denom
+
+
+def test_degenerate_never_supported_even_with_high_ceu():
+  flags = m.supported(np.array([True, True]), np.array([1.0, 1.0]),
+                      np.array([True, False]), tau=0.5)
+  np.testing.assert_array_equal(flags, [False, True])
+
+
+def test_ceu_distribution_conditioning():
+  ceu = np.array([0.1, 0.2, 0.3, 0.4, 0.9, NAN])
+  correct = np.array([True, True, False, False, True, True])
+  degenerate = np.array([False] * 5 + [True])
+  dist = m.ceu_distribution(ceu, degenerate, correct, num_resamples=200)
+  assert dist["all"]["mean"]["value"] == pytest.approx(0.38)
+  assert dist["all"]["mean"]["n"] == 5
+  assert dist["all"]["q10"]["value"] == pytest.approx(0.14)
+  assert dist["all"]["q25"]["value"] == pytest.approx(0.2)
+  assert dist["correct"]["mean"]["value"] == pytest.approx(0.4)
+  assert dist["correct"]["median"]["value"] == pytest.approx(0.2)
+  assert dist["correct"]["median"]["n"] == 3
+  assert dist["incorrect"]["mean"]["value"] == pytest.approx(0.35)
+  assert dist["n_degenerate"] == {"all": 1, "correct": 1, "incorrect": 0}
+
+
+def test_ceu_distribution_empty_group_and_unflagged_nan():
+  dist = m.ceu_distribution(np.array([0.5, 0.7]), np.array([False, False]),
+                            np.array([True, True]))
+  assert dist["incorrect"]["mean"] == {"value": None, "ci_low": None,
+                                       "ci_high": None, "n": 0}
+  with pytest.raises(ValueError, match="degenerate"):
+    m.ceu_distribution(np.array([0.5, NAN]), np.array([False, False]))
+
+
+# -------------------------------------------------------- summarize_audit --
+
+def _simulated_rows(n=300, seed=0):
+  rng = np.random.default_rng(seed)
+  l_plus = rng.normal(-1.0, 0.5, n)
+  gap = np.abs(rng.normal(2.0, 1.0, n))
+  gap[:10] = 0.0                                   # 10 degenerate examples
+  l_minus = l_plus - gap
+  return {
+      "correct": rng.random(n) < 0.7,
+      "f1": rng.random(n),
+      "L_plus": l_plus,
+      "L_minus": l_minus,
+      "L_int_ev": l_minus + rng.uniform(0, 1.2, n) * gap,
+      "L_int_dis": l_minus + rng.uniform(-0.1, 0.3, n) * gap,
+      "confidence": rng.random(n),
+      "num_tokens": np.full(n, 2),
+  }
+
+
+def test_summarize_audit_keys_and_json():
+  rows = _simulated_rows()
+  out = m.summarize_audit(rows, num_resamples=200)
+  assert set(out) == {"n", "n_degenerate", "accuracy", "calibration",
+                      "deltas", "nll", "nll_per_token", "ceu",
+                      "supported_answer_rate", "settings"}
+  assert out["n"] == 300 and out["n_degenerate"] == 10
+  assert set(out["accuracy"]) == {"em", "f1"}
+  assert set(out["calibration"]) == {"ece", "brier_binary", "num_bins"}
+  assert set(out["deltas"]) == {"delta_L", "delta_ev", "delta_dis"}
+  assert set(out["ceu"]) == {"ev", "dis"}
+  assert set(out["ceu"]["ev"]) == {"all", "correct", "incorrect",
+                                   "n_degenerate"}
+  assert out["ceu"]["ev"]["all"]["mean"]["n"] == 290
+  assert out["ceu"]["ev"]["n_degenerate"]["all"] == 10
+  assert out["deltas"]["delta_L"]["mean"]["n"] == 300
+  assert list(out["supported_answer_rate"]) == ["0.25", "0.5", "0.75"]
+  json.dumps(out, allow_nan=False)
+
+
+def test_summarize_audit_agrees_with_parts():
+  rows = _simulated_rows()
+  out = m.summarize_audit(rows, num_resamples=100, taus=(0.5,))
+  ceu, degenerate = m.stabilised_ceu(rows["L_int_ev"], rows["L_minus"],
+                                     rows["L_plus"])
+  given = dict(rows, ceu_ev=ceu, degenerate=degenerate)
+  assert m.summarize_audit(given, num_resamples=100, taus=(0.5,)) == out
+  expected = np.mean(rows["correct"] & ~degenerate & (np.nan_to_num(ceu) >= .5))
+  assert out["supported_answer_rate"]["0.5"]["value"] == pytest.approx(expected)
+  assert out["nll"]["value"] == pytest.approx(-rows["L_plus"].mean())
+  assert out["calibration"]["ece"]["value"] == pytest.approx(
+      m.ece(rows["confidence"], rows["correct"]))
+
+
+def test_summarize_audit_partial_rows_and_errors():
+  out = m.summarize_audit({"correct": np.array([1, 0, 1, 1])},
+                          num_resamples=50)
+  assert set(out) == {"n", "accuracy", "settings"}
+  assert out["accuracy"]["em"]["value"] == 0.75
+  with pytest.raises(ValueError, match="degenerate"):
+    m.summarize_audit({"ceu_ev": np.array([0.5]), "correct": np.array([1])})
+  with pytest.raises(ValueError, match="aligned"):
+    m.summarize_audit({"correct": np.ones(3), "f1": np.ones(2)})
+
+
+def test_summarize_groups():
+  rows = _simulated_rows(n=120)
+  rows["stratum"] = np.repeat(np.array(["0->0", "1->1"]), 60)
+  out = m.summarize_groups(rows, "stratum", num_resamples=50)
+  assert list(out) == ["0->0", "1->1"]
+  assert out["1->1"]["n"] == 60 and out["0->0"]["n_degenerate"] == 10
