@@ -112,6 +112,14 @@ def test_confidence_from_probs():
   np.testing.assert_array_equal(correct, [False, True])
 
 
+def test_teacher_forced_confidence():
+  probs = np.array([[[0.3, 0.6, 0.1], [0.2, 0.5, 0.3]],
+                    [[0.1, 0.8, 0.1], [0.4, 0.4, 0.2]]])
+  answer = np.array([[1, 2], [1, 0]])                    # row 1: one token
+  conf = m.teacher_forced_confidence(np.log(probs) + 3.0, answer)
+  np.testing.assert_allclose(conf, [0.6 * 0.5, 0.8])
+
+
 def test_brier_hand_computed():
   probs = np.array([[0.7, 0.2, 0.1], [0.7, 0.2, 0.1], [1.0, 0.0, 0.0]])
   np.testing.assert_allclose(m.brier_multiclass(probs, np.array([0, 2, 1])),

@@ -15,6 +15,7 @@ from ceu_jax.metrics.calibration import ece
 from ceu_jax.metrics.calibration import ece_resampled
 from ceu_jax.metrics.calibration import nll
 from ceu_jax.metrics.calibration import reliability_bins
+from ceu_jax.metrics.calibration import teacher_forced_confidence
 from ceu_jax.metrics.summary import ceu_distribution
 from ceu_jax.metrics.summary import ceu_stats
 from ceu_jax.metrics.summary import delta_causal

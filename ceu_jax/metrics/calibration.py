@@ -128,3 +128,21 @@ def brier_binary(confidence: np.ndarray, correct: np.ndarray) -> np.ndarray:
   confidence = np.asarray(confidence, dtype=np.float64)
   _check_confidence(confidence)
   return (confidence - np.asarray(correct, dtype=np.float64)) ** 2
+
+
+def teacher_forced_confidence(logits: np.ndarray, answer_ids: np.ndarray,
+                              pad_id: int = 0) -> np.ndarray:
+  """Confidence [B] in the argmax answer from teacher-forced logits [B, A, V].
+
+  exp(Σ_i max_v log p_i(v)) over positions where the gold is not `pad_id`.
+  For single-token answers this is the maximum class probability. For longer
+  answers it is the probability of the greedy decode whenever that decode is
+  correct (the teacher-forced prefix is then the decoded one); when an earlier
+  token is wrong the later factors are conditioned on the gold prefix, so the
+  value only approximates the greedy-sequence probability.
+  """
+  logits = np.asarray(logits, dtype=np.float64)
+  shifted = logits - logits.max(axis=-1, keepdims=True)
+  max_logp = -np.log(np.exp(shifted).sum(axis=-1))     # log of the max prob
+  keep = np.asarray(answer_ids) != pad_id
+  return np.exp(np.where(keep, max_logp, 0.0).sum(axis=-1))
