@@ -1,0 +1,86 @@
+"""ATR-insert: train a retrieval model, audit its causal evidence usage (SPEC §3).
+
+Run:
+  python -m experiments.train --config configs/atr_insert.py:tiny --workdir /tmp/atr
+  python -m experiments.audit --config configs/atr_insert.py:tiny --workdir /tmp/atr
+  python -m experiments.show_examples --config configs/atr_insert.py:tiny
+Arguments: `tiny` (CPU-sized, minutes) or `base`, then optional overrides,
+e.g. `configs/atr_insert.py:tiny,family=ssm,rho=0.5,bypass=true`.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  a = common.parse_arg(arg, variant="base", family="attention", preset="",
+                       rho=0.0, delta=0.3, eta=0.0, context_len=0, bypass=False,
+                       seed=0, steps=0)
+  tiny = a.variant == "tiny"
+  if a.variant not in ("tiny", "base"):
+    raise ValueError(f"configs/atr_insert.py: variant must be 'tiny' or 'base', got {a.variant!r}")
+  c = ml_collections.ConfigDict()
+  c.seed = a.seed                          # seeds parameters, data stream and probes
+
+  c.data = d = ml_collections.ConfigDict()
+  d.task = "atr_insert"                    # task name (atr_insert | factqa)
+  d.variant = "value_for_key"              # value_for_key | key_for_value
+  d.num_passages = 8                       # m passages in the retrieved bundle
+  d.context_len = a.context_len or (128 if tiny else 512)  # n context tokens
+  d.answer_len = 1                         # value tokens per binding (>= 1)
+  d.eta = a.eta                            # η miss probability in training data
+  d.delta = a.delta                        # δ hard-negative rate in training data
+  d.rho = a.rho                            # ρ prior strength (memorisable pairs)
+  d.overlap_rate = 0.25                    # filler lines mentioning the query's tokens
+  d.filler_rate = 0.5                      # plain non-evidence lines in filler format
+  d.paraphrase_rate = 0.1                  # evidence-format lines in the paraphrase format
+  d.hard_negative_kinds = "both"           # same_key | same_id | both
+  d.n_ids = 32 if tiny else 64             # ID vocabulary
+  d.n_keys = 32 if tiny else 64            # KEY vocabulary
+  d.n_values = 32 if tiny else 64          # VALUE vocabulary
+  d.n_filler = 64                          # filler-word vocabulary
+  d.world_seed = 0                         # fixes the ρ prior table
+
+  c.model = common.model_section(a.family, a.preset or ("p100k" if tiny else "p400k"))
+  c.model.bypass = a.bypass
+
+  c.train = t = ml_collections.ConfigDict()
+  t.batch_size = 64 if tiny else 128       # global batch (split over the data axis)
+  t.num_steps = a.steps or (3000 if tiny else 20000)  # optimiser steps
+  t.learning_rate = 1e-3                   # peak learning rate
+  t.warmup_steps = 200 if tiny else 1000   # linear warm-up steps
+  t.weight_decay = 0.01                    # AdamW weight decay
+  t.grad_clip = 1.0                        # global-norm clipping (0 = off)
+  t.log_every = 50                         # steps between metric lines
+  t.eval_every = 500 if tiny else 2000     # steps between evaluations
+  t.checkpoint_every = 500 if tiny else 2000  # steps between checkpoints
+  t.keep_latest = 2                        # latest checkpoints kept
+  t.keep_best = 1                          # best checkpoints kept (by eval.best_metric)
+
+  c.cer = r = ml_collections.ConfigDict()
+  r.regularizer = "none"                   # none | evidence | evidence_distractor
+  r.lambda_ev = 1.0                        # λ_ev weight of [α − CEU_ev]_+
+  r.alpha = 0.6                            # α target evidence CEU, in (0, 1]
+  r.lambda_dis = 0.5                       # λ_dis weight of CEU_dis
+  r.beta_swap = 0.0                        # β weight of the swap term
+  r.swap_form = "hinge"                    # contrastive | hinge
+  r.gamma = 2.0                            # γ hinge margin (nats)
+  r.lambda_noret = 0.0                     # λ_noret no-retrieval penalty (0 = off)
+  r.beta0 = -3.0                           # β_0 allowed log p(y*|q, ∅)
+  r.k = 2                                  # probes per example: 1 ev, 2 +dis, 3 +control
+  r.grad_path = "all"                      # all | numerator (clean recording under stop_gradient)
+  r.corruption = "value_swap"              # corruption giving D− for CER
+  r.eps = 1e-3                             # ε of the stabilised CEU
+
+  c.eval = e = ml_collections.ConfigDict()
+  e.num_examples = 512 if tiny else 2048   # fixed evaluation set size
+  e.batch_size = 128                       # evaluation batch
+  e.seed = 1234                            # evaluation-set seed (same set for every cell)
+  e.corruptions = ("value_swap", "evidence_swap", "removal")  # D− kinds audited
+  e.chunk_size = 16                        # probes per vmapped chunk
+  e.best_metric = "em"                     # metric that picks the best checkpoint
+
+  c.sharding = common.sharding_section()
+  return c
