@@ -1,0 +1,1 @@
+"""The experiment grid: sweep expansion, a resumable sharded driver, aggregation, report."""
