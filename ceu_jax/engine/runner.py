@@ -175,23 +175,23 @@ def from_logliks(L_plus: jax.Array, L_minus: jax.Array, L_int: jax.Array,
       names=tuple(names), site=site, approximate=approximate)
 
 
-def _site_is_approximate(loglik_fn, variables, inputs, site) -> bool:
-  kind = []
+# (loglik_fn, site) -> the port's span_decomposition, noted while tracing.
+_SPAN_KINDS: dict = {}
 
+
+def _observed_loglik(loglik_fn, site, variables, inputs):
+  """loglik_fn with the site checked for existence and its kind noted."""
   def action(next_fun, args, kwargs, module):
-    kind.append(span_kind(module))
+    _SPAN_KINDS[(loglik_fn, site)] = span_kind(module)
     return next_fun(*args, **kwargs)
-
-  jax.eval_shape(lambda v, x: run_hooked(loglik_fn, v, x, {site: action}),
-                 variables, inputs)
-  return kind[0] == APPROXIMATE
+  return run_hooked(loglik_fn, variables, inputs, {site: action})
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1),
                    static_argnames=("chunk_size", "allow_approximate", "hoist"))
 def _audit_jit(loglik_fn, site, variables, clean, corrupt, probes, eps, *,
                chunk_size, allow_approximate, hoist):
-  L_plus = loglik_fn(variables, clean)
+  L_plus = _observed_loglik(loglik_fn, site, variables, clean)
   L_minus = loglik_fn(variables, corrupt)
   L_int = intervened_logliks(loglik_fn, variables, clean, corrupt, site,
                              probes, chunk_size=chunk_size,
@@ -220,8 +220,8 @@ def audit(loglik_fn: LoglikFn, variables: Any, clean_inputs: Any,
       loglik_fn, site, variables, clean_inputs, corrupt_inputs, probes,
       jnp.asarray(eps), chunk_size=chunk_size,
       allow_approximate=allow_approximate, hoist=hoist)
-  approx = probes.span is not None and _site_is_approximate(
-      loglik_fn, variables, clean_inputs, site)
+  approx = (probes.span is not None
+            and _SPAN_KINDS.get((loglik_fn, site)) == APPROXIMATE)
   names = probes.names or tuple(f"probe_{i}" for i in range(L_int.shape[0]))
   return from_logliks(L_plus, L_minus, L_int, eps, names, str(site), approx)
 
@@ -250,7 +250,9 @@ def profile(loglik_fn: LoglikFn, variables: Any, clean_inputs: Any,
   sites = [as_site(s) for s in sites]
   results = []
   for s in sites:
-    p = probes.get(str(s)) if isinstance(probes, Mapping) else probes
+    p = probes
+    if isinstance(probes, Mapping):
+      p = probes.get(s, probes.get(str(s), probes.get(s.path)))
     results.append(audit(loglik_fn, variables, clean_inputs, corrupt_inputs,
                          s, p, **kwargs))
   return Profile(tuple(results), tuple(str(s) for s in sites))

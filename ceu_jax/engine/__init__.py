@@ -1,0 +1,72 @@
+"""The CEU engine: interchange interventions at a named read port.
+
+Knows only Flax/JAX. A site is a module path plus method (`Site`); the user
+supplies ``loglik_fn(variables, inputs) -> gold log-likelihood [B]`` (or per
+token [B, A]) that calls ``model.apply``. The engine records h_f on D+ and
+patches it (fully, by token span through the port's own decomposition Π_S, by
+port, by reader position) into the run on D−, for a whole probe set in one
+compiled call. See docs/engine.md for the contract and a worked example.
+
+Example (a toy model with one exact cross-attention read port)::
+
+  import flax.linen as nn, jax, jax.numpy as jnp
+  from ceu_jax import engine
+
+  class Port(nn.Module):
+    span_decomposition = 'exact'       # Π_S h + Π_S̄ h = h
+    @nn.compact
+    def read(self, x, ctx, span_mask=None):          # -> [B, T, P=1, D]
+      a = jax.nn.softmax(jnp.einsum('btd,bnd->btn', x, ctx), -1)
+      v = ctx if span_mask is None else ctx * span_mask[..., None]
+      return jnp.einsum('btn,bnd->btd', a, v)[:, :, None]
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, q, ctx):                      # q [B,T,D], ctx [B,N,D]
+      h = Port(name='retrieval').read(q, ctx)
+      return nn.Dense(5)(h[:, -1, 0])                # logits [B, 5]
+
+  model = Model()
+  q, ctx_pos = jnp.ones((2, 3, 4)), jax.random.normal(jax.random.key(0), (2, 6, 4))
+  ctx_neg = ctx_pos.at[:, 2].set(0.0)                # corrupt token 2
+  variables = model.init(jax.random.key(1), q, ctx_pos)
+  gold = jnp.array([1, 3])
+
+  def loglik_fn(v, inputs):
+    logits = model.apply(v, *inputs)
+    return jax.nn.log_softmax(logits)[jnp.arange(2), gold]
+
+  evidence = jnp.zeros((2, 6), bool).at[:, 2].set(True)
+  probes = engine.evidence_probes(evidence, control_key=jax.random.key(2))
+  res = engine.audit(loglik_fn, variables, (q, ctx_pos), (q, ctx_neg),
+                     engine.Site('retrieval'), probes)
+  res.ceu_of('ev'), res.ceu_of('control'), res.degenerate
+"""
+from ceu_jax.engine.multi import (MultiEvidenceLayout, MultiEvidenceScores,
+                                  aggregate, choose_pairs,
+                                  multi_evidence_probes)
+from ceu_jax.engine.nominate import (attention_mass, by_attention, by_passage,
+                                     by_query_overlap, passage_containing)
+from ceu_jax.engine.probes import (Probes, control_span, evidence_probes,
+                                   full_site, port_probes, position_probes,
+                                   span_probes, stack)
+from ceu_jax.engine.runner import (AuditResult, Profile, audit, from_logliks,
+                                   intervened_logliks, map_probes, one_probe,
+                                   profile)
+from ceu_jax.engine.scores import (attrib, ceu, ceu_unclipped, degenerate,
+                                   delta_int, delta_L, hinge_below, tokenwise)
+from ceu_jax.engine.sites import (EngineError, MaskShapeError, Site,
+                                  SiteNotFoundError, SpanUnsupportedError,
+                                  as_site, patch, record)
+
+__all__ = [
+    "AuditResult", "EngineError", "MaskShapeError", "MultiEvidenceLayout",
+    "MultiEvidenceScores", "Probes", "Profile", "Site", "SiteNotFoundError",
+    "SpanUnsupportedError", "aggregate", "as_site", "attention_mass", "attrib",
+    "audit", "by_attention", "by_passage", "by_query_overlap", "ceu",
+    "ceu_unclipped", "choose_pairs", "control_span", "degenerate", "delta_L",
+    "delta_int", "evidence_probes", "from_logliks", "full_site", "hinge_below",
+    "intervened_logliks", "map_probes", "multi_evidence_probes", "one_probe",
+    "passage_containing", "patch", "port_probes", "position_probes", "profile",
+    "record", "span_probes", "stack", "tokenwise",
+]

@@ -1,0 +1,208 @@
+"""Small Flax models for the engine tests (no tests here).
+
+Shape legend (einsum letters):
+  B batch, Q query length, N context length, A answer length,
+  T = Q + A reader positions, P ports, H head features, D width, V vocab.
+
+`ToyReader` embeds the query+answer (reader positions) and the context, then
+runs `layers` blocks; block l has a read port `block_{l}/retrieval` (method
+`read`, output [B, T, P, H]) whose class is chosen by `port`:
+  'attn'    exact cross-attention read (Π_S h = Σ_{j∈S} a_j v_j),
+  'ssm'     exact selective linear recurrence over the context,
+  'memory'  one port per passage through a nonlinear slot encoder
+            (span_decomposition = 'approximate'),
+  'plain'   cross-attention without `span_decomposition` (no span patches).
+`run(..., override)` is a hand-written patch path used as the independent
+reference: override[l](h, read_S) -> (h', record) with read_S(span) = Π_S h.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ceu_jax.scores import gold_loglik, token_logliks
+
+V, D, P, H = 13, 16, 2, 4
+
+
+def _apply_span(x: jax.Array, span_mask: Optional[jax.Array]) -> jax.Array:
+  """x [B, N, ...] with tokens outside the span zeroed."""
+  if span_mask is None:
+    return x
+  m = span_mask.astype(x.dtype)
+  return x * m.reshape(m.shape + (1,) * (x.ndim - 2))
+
+
+class AttnPort(nn.Module):
+  span_decomposition = "exact"
+
+  def setup(self):
+    self.wq = nn.DenseGeneral((P, H), name="wq")
+    self.wk = nn.DenseGeneral((P, H), name="wk")
+    self.wv = nn.DenseGeneral((P, H), name="wv")
+
+  def weights(self, x, ctx):
+    s = jnp.einsum("btph,bnph->btpn", self.wq(x), self.wk(ctx)) / jnp.sqrt(H)
+    return jax.nn.softmax(s, axis=-1)
+
+  def read(self, x, ctx, span_mask=None):
+    a = self.weights(x, ctx)                                   # [B, T, P, N]
+    return jnp.einsum("btpn,bnph->btph", a, _apply_span(self.wv(ctx), span_mask))
+
+  def attention_mass(self, x, ctx):
+    return self.weights(x, ctx)
+
+
+class PlainPort(AttnPort):
+  span_decomposition = None
+
+
+class SSMPort(nn.Module):
+  """h_t = g(x_t) ⊙ Σ_j (Π_{k>j} A_k) u_j, A_k = σ(W_a ctx_k), u_j = W_b ctx_j."""
+  span_decomposition = "exact"
+
+  def setup(self):
+    self.wa = nn.DenseGeneral((P, H), name="wa")
+    self.wb = nn.DenseGeneral((P, H), name="wb")
+    self.wg = nn.DenseGeneral((P, H), name="wg")
+
+  def read(self, x, ctx, span_mask=None):
+    gate = jax.nn.sigmoid(self.wa(ctx))                        # [B, N, P, H]
+    u = _apply_span(self.wb(ctx), span_mask)
+
+    def step(s, au):
+      a, v = au
+      return a * s + v, None
+
+    s0 = jnp.zeros(u.shape[:1] + u.shape[2:], u.dtype)
+    state, _ = jax.lax.scan(step, s0, (jnp.moveaxis(gate, 1, 0),
+                                       jnp.moveaxis(u, 1, 0)))
+    return jnp.einsum("btph,bph->btph", self.wg(x), state)
+
+
+class MemoryPort(nn.Module):
+  """Port p reads passage p's slot: mean of tanh(W ctx) over its tokens."""
+  span_decomposition = "approximate"
+
+  def setup(self):
+    self.enc = nn.Dense(H, name="enc")
+    self.wg = nn.DenseGeneral((P, H), name="wg")
+
+  def read(self, x, ctx, span_mask=None, passage_ids=None):
+    n = ctx.shape[1]
+    pid = passage_ids if passage_ids is not None else (
+        jnp.arange(n)[None] * P // n)
+    onehot = jax.nn.one_hot(pid, P, dtype=ctx.dtype)           # [B, N, P]
+    if span_mask is not None:
+      onehot = onehot * span_mask.astype(ctx.dtype)[..., None]
+    slots = jnp.einsum("bnp,bnh->bph", onehot, jnp.tanh(self.enc(ctx)))
+    return jnp.einsum("btph,bph->btph", self.wg(x), slots) / n
+
+
+PORTS = {"attn": AttnPort, "ssm": SSMPort, "memory": MemoryPort,
+         "plain": PlainPort}
+
+
+class Block(nn.Module):
+  port: str
+
+  def setup(self):
+    self.pre = nn.Dense(D, name="pre")
+    self.retrieval = PORTS[self.port](name="retrieval")
+    self.out = nn.Dense(D, name="out")
+
+  def before(self, x):
+    return x + jnp.tanh(self.pre(x))
+
+  def after(self, x, h):
+    return x + jnp.tanh(self.out(h.reshape(h.shape[:2] + (-1,))))
+
+
+class ToyReader(nn.Module):
+  port: str = "attn"
+  layers: int = 2
+  prefix_callback: Optional[Callable[[Any], None]] = None
+
+  def setup(self):
+    self.embed = nn.Embed(V, D, name="embed")
+    self.ctx_enc = nn.Dense(D, name="ctx_enc")
+    self.blocks = [Block(self.port, name=f"block_{l}") for l in range(self.layers)]
+    self.head = nn.Dense(V, name="head")
+
+  def encode(self, query, context):
+    ctx = jnp.tanh(self.ctx_enc(self.embed(context)))
+    if self.prefix_callback is not None:
+      jax.debug.callback(self.prefix_callback, ctx.sum())
+    return ctx
+
+  def run(self, query, context, answer, override=None):
+    """logits [B, A, V] and the overrides' records."""
+    override = override or {}
+    ctx = self.encode(query, context)
+    x = self.embed(jnp.concatenate([query, answer], axis=1))   # [B, T, D]
+    records = {}
+    for l, block in enumerate(self.blocks):
+      x = block.before(x)
+      h = block.retrieval.read(x, ctx)
+      if l in override:
+        read_s = lambda s, x=x, b=block: b.retrieval.read(x, ctx, span_mask=s)
+        h, records[l] = override[l](h, read_s)
+      x = block.after(x, h)
+    q, a = query.shape[1], answer.shape[1]
+    return self.head(x[:, q - 1:q - 1 + a]), records
+
+  def __call__(self, query, context, answer):
+    return self.run(query, context, answer)[0]
+
+
+def make(port="attn", layers=2, b=3, q=3, n=8, a=2, seed=0, **kw):
+  """(model, variables, clean, corrupt, loglik_fn, token_loglik_fn)."""
+  model = ToyReader(port=port, layers=layers, **kw)
+  k1, k2, k3, k4, k5 = jax.random.split(jax.random.key(seed), 5)
+  query = jax.random.randint(k1, (b, q), 1, V)
+  context = jax.random.randint(k2, (b, n), 1, V)
+  answer = jax.random.randint(k3, (b, a), 1, V)
+  changed = jax.random.bernoulli(k4, 0.4, (b, n))
+  corrupt_ctx = jnp.where(changed, jax.random.randint(k5, (b, n), 1, V), context)
+  variables = model.init(jax.random.key(seed + 1), query, context, answer)
+  # Sharpen the weights so that corruption gaps are not tiny.
+  variables = jax.tree.map(lambda w: 2.0 * w, variables)
+  clean = (query, context, answer)
+  corrupt = (query, corrupt_ctx, answer)
+
+  def loglik_fn(v, inputs):
+    return gold_loglik(model.apply(v, *inputs), inputs[2])
+
+  def token_loglik_fn(v, inputs):
+    return token_logliks(model.apply(v, *inputs), inputs[2])
+
+  return model, variables, clean, corrupt, loglik_fn, token_loglik_fn
+
+
+def reference_logliks(model, variables, clean, corrupt, layer, span=None,
+                      ports=None, positions=None):
+  """One probe by the hand-written path in `ToyReader.run` (no interceptors)."""
+  def rec(h, read_s):
+    return h, (h if span is None else read_s(span))
+
+  _, records = model.apply(variables, *clean, override={layer: rec},
+                           method="run")
+  value = records[layer]
+
+  def put(h, read_s):
+    full = value if span is None else h - read_s(span) + value
+    m = jnp.ones(h.shape[:3], bool)
+    if ports is not None:
+      m = m & ports.reshape((-1, 1, ports.shape[-1]) if ports.ndim == 2
+                            else (1, 1, -1))
+    if positions is not None:
+      m = m & positions.reshape((-1, positions.shape[-1], 1)
+                                if positions.ndim == 2 else (1, -1, 1))
+    return jnp.where(m[..., None], full, h), None
+
+  logits, _ = model.apply(variables, *corrupt, override={layer: put},
+                          method="run")
+  return gold_loglik(logits, corrupt[2])
