@@ -191,7 +191,7 @@ def t1_error_curve(
   """Summarises |diff| against perturbation size in log-spaced bins.
 
   Returns a dict of [n_bins'] arrays: `centre` (geometric bin centre, nats),
-  `median`, `q90`, `max` of |diff|, and `n` per bin (empty bins dropped).
+  `median`, `q10`, `q90`, `max` of |diff|, and `n` per bin (empty bins dropped).
   Degenerate (NaN) examples are ignored.
   """
   pert = as_float_array(perturbations).reshape(-1)
@@ -205,6 +205,7 @@ def t1_error_curve(
   return {
       "centre": np.array([c for c, _ in rows]),
       "median": np.array([np.median(e) for _, e in rows]),
+      "q10": np.array([np.quantile(e, 0.1) for _, e in rows]),
       "q90": np.array([np.quantile(e, 0.9) for _, e in rows]),
       "max": np.array([e.max() for _, e in rows]),
       "n": np.array([e.size for _, e in rows]),
