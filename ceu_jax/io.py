@@ -4,24 +4,39 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any
+from typing import IO, Any, Callable
 
 
-def write_text_atomic(path: str, text: str) -> None:
-  """Write `text` to a temp file in the same directory, fsync, then os.replace."""
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:
+  """Call `write(f)` on a temp file beside `path`, fsync, then os.replace it into place.
+
+  The file gets the usual mode for new files (mkstemp's 0600 is widened by umask).
+  """
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
+  fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path),
+                             dir=directory)
   try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
+    with os.fdopen(fd, "wb") as f:
+      write(f)
       f.flush()
       os.fsync(f.fileno())
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
+
+
+def write_text_atomic(path: str, text: str) -> None:
+  write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import ml_collections
+import numpy as np
 import pytest
 
 from ceu_jax.grid import aggregate, runner, sweep
@@ -169,3 +170,33 @@ def test_killed_driver_resumes_and_matches_uninterrupted(tmp_path):
                         for r in rows]
   assert strip(aggregate.write_results_csv(killed)[1]) == strip(
       aggregate.write_results_csv(clean)[1])
+
+
+def test_report_writes_plots_and_table(tmp_path):
+  from ceu_jax.grid import report
+
+  def cell(config, d):
+    em = 0.5 + config.cer.lambda_ev / 4
+    rows = []
+    for cond, dt in (("clean", 0.3), ("delta=0.6", 0.6), ("delta=0.9", 0.9)):
+      rows.append({"condition": cond, "delta_test": dt, "eta_test": 0.0, "n_test": 128,
+                   "em": em - dt / 3, "em_lo": em - dt / 3 - 0.05, "em_hi": em - dt / 3 + 0.05,
+                   "em_n": 100, "ceu_ev": em, "ceu_ev_lo": em - 0.1, "ceu_ev_hi": em + 0.1,
+                   "supported_0.5": em / 2})
+    return {"rows": rows}
+
+  c = base_config()
+  with c.cer.unlocked():
+    c.cer.k = 2
+    c.cer.alpha = 0.6
+  runner.run_grid(c, str(tmp_path), cell, log=lambda s: None)
+  _, rows, failures = aggregate.write_results_csv(str(tmp_path))
+  results, _ = runner.load_results(str(tmp_path))
+  path = report.write_report(str(tmp_path), rows, results, failures)
+  text = open(path).read()
+  assert "| attention | evidence | 1.0 | 0.6 | 2 |" in text
+  for stem in ("em_ceu_vs_delta", "pareto_em_supported", "ceu_gain_per_forward_vs_k"):
+    for ext in ("png", "pdf"):
+      assert (tmp_path / "plots" / f"{stem}.{ext}").stat().st_size > 1000
+  assert report.pareto_front(np.array([[0.5, 0.5], [0.6, 0.4], [0.4, 0.4]])).tolist() == [
+      [0.5, 0.5], [0.6, 0.4]]

@@ -1,0 +1,224 @@
+"""Grid plots (PNG + PDF under W/plots/) and W/report.md (SPEC §6).
+
+Every plot has labelled axes with units, a legend, and a title naming what was
+swept. Rows follow the schema of ceu_jax.grid.aggregate.
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import os
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from ceu_jax import io, plotting
+
+FAMILY = "model.family"
+REG = "cer.regularizer"
+UNITS = {"em": "exact match (fraction)", "ceu_ev": "CEU_ev (fraction restored)",
+         "ceu_dis": "CEU_dis (fraction restored)", "supported_0.5": "supported-answer rate (τ=0.5)"}
+XLABEL = {"delta_test": "test distractor rate δ (share of lines)",
+          "n_test": "test context length n (tokens)",
+          "eta_test": "test miss rate η (share of examples)"}
+
+
+def _num(v):
+  try:
+    return float(v)
+  except (TypeError, ValueError):
+    return np.nan
+
+
+def _group(rows: Iterable[dict], key: Callable[[dict], tuple]) -> dict:
+  out = collections.defaultdict(list)
+  for r in rows:
+    out[key(r)].append(r)
+  return dict(sorted(out.items(), key=lambda kv: str(kv[0])))
+
+
+def _series_label(r: dict) -> str:
+  extra = f", λ={r.get('cer.lambda_ev')}" if r.get(REG, "none") != "none" else ""
+  return f"{r.get(FAMILY)} / {r.get(REG, 'none')}{extra}"
+
+
+def _shift_rows(rows, x: str) -> list[dict]:
+  """Rows of the clean condition and of the conditions that shift only `x`."""
+  prefix = {"delta_test": "delta=", "n_test": "n=", "eta_test": "eta="}[x]
+  return [r for r in rows if r.get("condition") == "clean"
+          or str(r.get("condition", "")).startswith(prefix)]
+
+
+def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = "") -> list[str]:
+  """Metric vs a test-time knob, one line per (architecture, regulariser), CI bands."""
+  rows = _shift_rows(rows, x)
+  fig = Figure(figsize=(5.2 * len(metrics), 4.0))
+  axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+  for ax, metric in zip(axes, metrics):
+    for label, series in _group(rows, lambda r: (_series_label(r),)).items():
+      pts = sorted((_num(r.get(x)), _num(r.get(metric)), _num(r.get(f"{metric}_lo")),
+                    _num(r.get(f"{metric}_hi"))) for r in series)
+      pts = [p for p in pts if np.isfinite(p[0]) and np.isfinite(p[1])]
+      if not pts:
+        continue
+      xs, ys, lo, hi = map(np.asarray, zip(*pts))
+      line, = ax.plot(xs, ys, marker="o", label=label[0])
+      ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+    ax.set_xlabel(XLABEL[x])
+    ax.set_ylabel(UNITS.get(metric, metric))
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{metric} vs {x.replace('_test', '')} (sweep of {XLABEL[x].split(' (')[0]})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  return plotting.save_figure(fig, stem)
+
+
+def plot_pareto(rows: Sequence[dict], stem: str) -> list[str]:
+  """Clean EM vs supported-answer rate over (λ, α), with the frontier per family."""
+  clean = [r for r in rows if r.get("condition") == "clean"]
+  fig = Figure(figsize=(5.5, 4.2))
+  ax = fig.subplots()
+  for (family,), series in _group(clean, lambda r: (r.get(FAMILY),)).items():
+    pts = np.asarray([(_num(r.get("em")), _num(r.get("supported_0.5"))) for r in series])
+    pts = pts[np.all(np.isfinite(pts), axis=1)]
+    if not len(pts):
+      continue
+    sc = ax.scatter(pts[:, 0], pts[:, 1], label=f"{family} cells")
+    front = pareto_front(pts)
+    ax.plot(front[:, 0], front[:, 1], color=sc.get_facecolor()[0], alpha=0.7)
+    for r in series:
+      ax.annotate(f"λ={r.get('cer.lambda_ev')},α={r.get('cer.alpha')}",
+                  (_num(r.get("em")), _num(r.get("supported_0.5"))), fontsize=6)
+  ax.set_xlabel("clean exact match (fraction)")
+  ax.set_ylabel("supported-answer rate at τ=0.5 (fraction)")
+  ax.set_title("Pareto frontier over (λ_ev, α): accuracy vs supported answers")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  return plotting.save_figure(fig, stem)
+
+
+def pareto_front(points: np.ndarray) -> np.ndarray:
+  """Points not dominated in both coordinates (maximise both), sorted by x."""
+  keep = [p for p in points
+          if not np.any(np.all(points >= p, axis=1) & np.any(points > p, axis=1))]
+  return np.asarray(sorted(map(tuple, keep)))
+
+
+def plot_k_gain(rows: Sequence[dict], stem: str) -> list[str]:
+  """CEU_ev gain over the family's baseline, per extra forward pass, against k."""
+  clean = [r for r in rows if r.get("condition") == "clean"]
+  fig = Figure(figsize=(5.5, 4.2))
+  ax = fig.subplots()
+  for (family,), series in _group(clean, lambda r: (r.get(FAMILY),)).items():
+    base = [_num(r.get("ceu_ev")) for r in series if r.get(REG, "none") == "none"]
+    cer = [r for r in series if r.get(REG, "none") != "none"]
+    if not base or not cer:
+      continue
+    by_k = _group(cer, lambda r: (_num(r.get("cer.k")),))
+    ks = sorted(k for (k,) in by_k)
+    gains = [np.nanmean([_num(r.get("ceu_ev")) - base[0] for r in by_k[(k,)]]) / k for k in ks]
+    ax.plot(ks, gains, marker="o", label=family)
+  ax.axhline(0, color="grey", lw=0.8)
+  ax.set_xlabel("probes per example k (extra forward passes)")
+  ax.set_ylabel("CEU_ev gain over baseline per extra forward (fraction)")
+  ax.set_title("Compute accounting: CEU_ev gain per extra forward vs k")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  return plotting.save_figure(fig, stem)
+
+
+def plot_ceu_histograms(examples: dict[str, dict], stem: str) -> list[str]:
+  """CEU_ev histograms for correct vs incorrect answers, one panel per series."""
+  names = sorted(examples)
+  cols = max(1, min(3, len(names)))
+  rows_n = max(1, -(-len(names) // cols))
+  fig = Figure(figsize=(4.2 * cols, 3.2 * rows_n))
+  axes = np.atleast_1d(fig.subplots(rows_n, cols, squeeze=False).ravel())
+  bins = np.linspace(0, 1, 21)
+  for ax, name in zip(axes, names):
+    ex = examples[name]
+    ceu, correct = ex["ceu_ev"], ex["correct"]
+    ok = np.isfinite(ceu)
+    ax.hist(ceu[ok & correct], bins=bins, alpha=0.6, label=f"correct (n={int((ok & correct).sum())})")
+    ax.hist(ceu[ok & ~correct], bins=bins, alpha=0.6, label=f"incorrect (n={int((ok & ~correct).sum())})")
+    ax.set_title(name, fontsize=8)
+    ax.set_xlabel("CEU_ev (fraction restored)")
+    ax.set_ylabel("examples (count)")
+    ax.legend(fontsize=7)
+  for ax in axes[len(names):]:
+    ax.axis("off")
+  fig.suptitle("CEU_ev on the clean test condition, correct vs incorrect answers")
+  fig.tight_layout()
+  return plotting.save_figure(fig, stem)
+
+
+def load_examples(workdir: str, results: Sequence[dict]) -> dict[str, dict]:
+  """Per-example clean-condition audits (cells/<id>/audit/examples.csv) per series."""
+  out = {}
+  for res in results:
+    path = os.path.join(workdir, "cells", res["cell_id"], "audit", "examples.csv")
+    if not os.path.exists(path):
+      continue
+    with open(path, newline="") as f:
+      ex = list(csv.DictReader(f))
+    label = f"{_series_label(res['config'])} [{res['cell_id'][:6]}]"
+    out[label] = dict(ceu_ev=np.asarray([_num(e.get("ceu_ev")) for e in ex]),
+                      correct=np.asarray([e.get("correct") in ("1", "True", "true") for e in ex]))
+  return out
+
+
+def _fmt_ci(r: dict, metric: str) -> str:
+  v, lo, hi = (_num(r.get(k)) for k in (metric, f"{metric}_lo", f"{metric}_hi"))
+  return "–" if not np.isfinite(v) else f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def summary_table(rows: Sequence[dict]) -> str:
+  """Markdown table, clean condition: per architecture, baseline vs CER cells."""
+  metrics = ("em", "ceu_ev", "ceu_dis", "supported_0.5")
+  head = "| architecture | regulariser | λ_ev | α | k | n | " + " | ".join(metrics) + " |"
+  lines = [head, "|" + "---|" * (6 + len(metrics))]
+  clean = [r for r in rows if r.get("condition") == "clean"]
+  for r in sorted(clean, key=lambda r: (str(r.get(FAMILY)), str(r.get(REG)), r["index"])):
+    lines.append(f"| {r.get(FAMILY)} | {r.get(REG)} | {r.get('cer.lambda_ev')} | "
+                 f"{r.get('cer.alpha')} | {r.get('cer.k')} | {r.get('em_n', '')} | "
+                 + " | ".join(_fmt_ci(r, m) for m in metrics) + " |")
+  return "\n".join(lines)
+
+
+def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
+                 failures: Sequence[dict], title: str = "CEU experiment grid") -> str:
+  plots_dir = os.path.join(workdir, "plots")
+  made = {}
+  if rows:
+    for x in ("delta_test", "n_test", "eta_test"):
+      made[x] = plot_vs(rows, x, stem=os.path.join(plots_dir, f"em_ceu_vs_{x.split('_')[0]}"))
+    made["pareto"] = plot_pareto(rows, os.path.join(plots_dir, "pareto_em_supported"))
+    made["k"] = plot_k_gain(rows, os.path.join(plots_dir, "ceu_gain_per_forward_vs_k"))
+  examples = load_examples(workdir, results)
+  if examples:
+    made["hist"] = plot_ceu_histograms(examples, os.path.join(plots_dir, "ceu_ev_hist_correct"))
+  parts = [f"# {title}", "",
+           f"{len(results)} cells finished, {len(failures)} failed; "
+           f"{len(rows)} rows in results.csv (one per cell × test condition).", "",
+           "## Summary (clean test condition; value [95% bootstrap CI])", "",
+           summary_table(rows) if rows else "(no finished cells)", ""]
+  captions = {"delta_test": "EM and CEU_ev vs test distractor rate δ",
+              "n_test": "EM and CEU_ev vs test context length n",
+              "eta_test": "EM and CEU_ev vs test miss rate η",
+              "pareto": "Clean EM vs supported-answer rate over (λ, α)",
+              "k": "CEU_ev gain per extra forward pass vs k",
+              "hist": "CEU_ev histograms, correct vs incorrect"}
+  parts += ["## Plots", ""]
+  for key, paths in made.items():
+    parts += [f"### {captions[key]}", "", f"![{captions[key]}](plots/{os.path.basename(paths[0])})",
+              f"([PDF](plots/{os.path.basename(paths[1])}))", ""]
+  if failures:
+    parts += ["## Failed cells", ""]
+    parts += [f"- cell {f['index']} `{f['cell_id']}`: {f['error']}" for f in failures]
+  path = os.path.join(workdir, "report.md")
+  io.write_text_atomic(path, "\n".join(parts) + "\n")
+  return path
