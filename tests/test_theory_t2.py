@@ -48,6 +48,13 @@ def test_beam_escapes_greedy_trap_and_matches_exhaustive():
   assert beam.n_evals < 4 + 6 + 1 + 2                  # fewer than all sets + slack
 
 
+def test_adversarial_correct_from_margin_scorers():
+  margins = [np.array([0.5, -0.2, -0.1]), np.array([-1.0, -0.1, 0.0])]
+  res = [t2.adversarial_search(_additive_scorer(w, base=b), 3, budget=2)
+         for w, b in zip(margins, [0.25, 2.0])]
+  np.testing.assert_array_equal(t2.adversarial_correct(res), [False, True])
+
+
 def test_admissible_and_max_evals_are_respected():
   w = np.array([-1.0, -2.0, -3.0, -4.0])
   res = t2.adversarial_search(_additive_scorer(w), 4, budget=2,

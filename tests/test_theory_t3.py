@@ -16,6 +16,8 @@ def test_bound_formula_hand_computed():
   assert t3.t3_bound(0.0, 1.0, 1.0, math.log(4)) == pytest.approx(0.25)
   assert t3.t3_bound(1.0, 0.3, 5.0, 2.0) == pytest.approx(1.0)
   assert t3.t3_bound(0.5, 0.0, 3.0, 1.0) == pytest.approx(1.0)   # no usage
+  assert t3.t3_bound(0.2, 0.0, 3.0, math.inf) == pytest.approx(1.0)
+  assert t3.t3_bound(0.2, 0.5, 3.0, math.inf) == pytest.approx(0.2)
   etas = np.array([0.0, 0.2, 0.4])
   np.testing.assert_allclose(t3.t3_bound(etas, 0.8, 1.5, 2.0),
                              etas + (1 - etas) * math.exp(-2.4))
@@ -112,6 +114,12 @@ def test_violations_are_all_listed():
   assert viol[0].rate == 0.40
   rep = t3.t3_report(etas, rates, *(Estimate(v, v, v, 10) for v in (0.8, 2.0, 1.0)))
   assert len(rep.violations) == 2 and "η=0.1" in rep.summary()
+  by_delta = t3.t3_reports_by_delta(
+      etas, {0.0: rates, 0.5: rates}, Estimate(0.8, 0.8, 0.8, 10),
+      {0.0: Estimate(2.0, 2.0, 2.0, 10), 0.5: Estimate(0.5, 0.5, 0.5, 10)},
+      Estimate(1.0, 1.0, 1.0, 10))
+  assert list(by_delta) == ["δ=0", "δ=0.5"]
+  assert len(by_delta["δ=0.5"].violations) <= len(by_delta["δ=0"].violations)
 
 
 def test_synthetic_pipeline_respects_bound():

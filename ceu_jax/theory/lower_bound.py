@@ -157,6 +157,15 @@ def exhaustive_search(
   return SearchResult(worst[0], worst[1], base, score.n_evals, tuple(by_size))
 
 
+def adversarial_correct(results: Sequence[SearchResult]) -> np.ndarray:
+  """Per-example correctness after the attack, for margin-valued scorers.
+
+  With score_fn returning the gold-vs-best-alternative margin of one example,
+  the example stays correct under its worst set iff worst_score > 0.
+  """
+  return np.array([r.worst_score > 0 for r in results], dtype=bool)
+
+
 # --------------------------------------------------------------- summaries
 
 
