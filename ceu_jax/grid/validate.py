@@ -1,0 +1,37 @@
+"""Validation of one grid cell's config, run for every cell before anything trains."""
+from __future__ import annotations
+
+import ml_collections
+
+from ceu_jax.data.corruptions import CORRUPTIONS
+
+GRID_FIELDS = ("corruption", "eval_examples", "eval_seed", "delta_test", "n_test", "eta_test")
+
+
+def validate_grid_section(g: ml_collections.ConfigDict) -> None:
+  unknown = sorted(set(g.keys()) - set(GRID_FIELDS))
+  if unknown:
+    raise ValueError(f"grid: unknown field(s) {unknown}; known: {list(GRID_FIELDS)}")
+  if g.corruption not in CORRUPTIONS:
+    raise ValueError(f"grid.corruption must be one of {CORRUPTIONS}, got {g.corruption!r}")
+  if not isinstance(g.eval_examples, int) or g.eval_examples < 1:
+    raise ValueError(f"grid.eval_examples must be an integer >= 1, got {g.eval_examples!r}")
+  for name in ("delta_test", "eta_test"):
+    for v in getattr(g, name):
+      if not 0.0 <= v <= 1.0:
+        raise ValueError(f"grid.{name} values must be in [0, 1], got {v!r}")
+
+
+def validate_cell(cfg: ml_collections.ConfigDict) -> None:
+  """Everything a cell needs, checked without compiling: training config, grid
+  section, and every test condition's data config."""
+  from ceu_jax.grid.cell import test_conditions
+  from ceu_jax.train import config as train_config
+  validate_grid_section(cfg.grid)
+  core = ml_collections.ConfigDict({k: v for k, v in cfg.to_dict().items()
+                                    if k not in ("grid", "sweep")})
+  train_config.validate(core)
+  try:
+    test_conditions(cfg)
+  except ValueError as e:
+    raise ValueError(f"grid test condition: {e}") from None

@@ -1,0 +1,52 @@
+"""Smoke grid: the README's main command — every architecture, baseline vs CER (SPEC §6).
+
+Run (≤ 20 min on 2 CPU cores):
+  python -m experiments.grid --config configs/smoke.py --workdir runs/smoke
+Split over processes or hosts (same workdir, or merge workdirs' cells/ later):
+  python -m experiments.grid --config configs/smoke.py --workdir runs/smoke --shard 0/2
+  python -m experiments.grid --config configs/smoke.py --workdir runs/smoke --shard 1/2
+Arguments: `configs/smoke.py:tiny` is a 2-cell, few-step version used by the tests.
+
+Each cell trains a tiny model on ATR-insert with a prior shortcut (ρ = 0.3: 30% of
+(ID, KEY) pairs have a fixed value a model can memorise), then audits it on a fixed
+test set under the training distribution ('clean') and under test-time shift of
+δ, n and η, one knob at a time. D+ and D− have identical token counts (every
+corruption is token-aligned), which is the length-matched control.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from configs import atr_insert, common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  a = common.parse_arg(arg, variant="full", steps=0)
+  if a.variant not in ("full", "tiny"):
+    raise ValueError(f"configs/smoke.py: variant must be 'full' or 'tiny', got {a.variant!r}")
+  tiny = a.variant == "tiny"
+  c = atr_insert.get_config("tiny,rho=0.3")
+  c.train.num_steps = a.steps or (20 if tiny else 1500)
+  c.train.warmup_steps = 5 if tiny else 100
+  c.train.eval_every = c.train.num_steps                # one evaluation, at the end
+  c.train.checkpoint_every = 10 if tiny else 250
+  c.eval.num_examples = 64 if tiny else 256
+
+  c.grid = g = ml_collections.ConfigDict()
+  g.corruption = "value_swap"                 # D− used by the grid's CEU audits
+  g.eval_examples = 64 if tiny else 256       # fixed test examples per condition
+  g.eval_seed = 4242                          # test-set seed (identical for every cell)
+  g.delta_test = (0.3, 0.6, 0.9)              # test-time δ (one condition each)
+  g.n_test = (128,) if tiny else (128, 256)   # test-time context length n
+  g.eta_test = (0.0,) if tiny else (0.0, 0.3)  # test-time miss rate η
+
+  families = ("attention", "memory_port") if tiny else ("attention", "ssm", "memory_port")
+  c.sweep = (
+      (("model.family", families),),
+      (("cer.regularizer", ("none", "evidence")),     # baseline vs CER (zipped with λ)
+       ("cer.lambda_ev", (0.0, 1.0))),
+  ) if not tiny else (
+      (("model.family", families), ("cer.regularizer", ("none", "evidence")),
+       ("cer.lambda_ev", (0.0, 1.0))),
+  )
+  return c
