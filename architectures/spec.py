@@ -84,23 +84,23 @@ class ArchSpec:
 
 # Per preset: the shared reader, then per-family encoder/retrieval widths.
 PRESETS: dict[str, dict[str, Any]] = {
-    "100k": dict(
+    "p100k": dict(
         reader=dict(embed_dim=48, reader_layers=2, reader_heads=4, reader_mlp_dim=192),
-        attention=dict(enc_layers=1, enc_mlp_dim=192, read_heads=4, read_head_dim=12),
-        ssm=dict(enc_layers=1, ssm_inner=64, ssm_state=8),
-        memory_port=dict(enc_layers=1, enc_mlp_dim=160, mem_dim=48),
+        attention=dict(enc_layers=1, enc_mlp_dim=96, read_heads=4, read_head_dim=16),
+        ssm=dict(enc_layers=1, ssm_inner=60, ssm_state=8),
+        memory_port=dict(enc_layers=1, enc_mlp_dim=132, mem_dim=24),
     ),
-    "400k": dict(
+    "p400k": dict(
         reader=dict(embed_dim=96, reader_layers=2, reader_heads=4, reader_mlp_dim=384),
-        attention=dict(enc_layers=1, enc_mlp_dim=384, read_heads=4, read_head_dim=24),
-        ssm=dict(enc_layers=1, ssm_inner=128, ssm_state=8),
-        memory_port=dict(enc_layers=1, enc_mlp_dim=320, mem_dim=96),
+        attention=dict(enc_layers=1, enc_mlp_dim=336, read_heads=4, read_head_dim=32),
+        ssm=dict(enc_layers=1, ssm_inner=144, ssm_state=16),
+        memory_port=dict(enc_layers=1, enc_mlp_dim=408, mem_dim=48),
     ),
-    "1.5m": dict(
+    "p1500k": dict(
         reader=dict(embed_dim=160, reader_layers=3, reader_heads=8, reader_mlp_dim=640),
-        attention=dict(enc_layers=2, enc_mlp_dim=640, read_heads=8, read_head_dim=20),
-        ssm=dict(enc_layers=2, ssm_inner=224, ssm_state=8),
-        memory_port=dict(enc_layers=2, enc_mlp_dim=560, mem_dim=160),
+        attention=dict(enc_layers=2, enc_mlp_dim=160, read_heads=8, read_head_dim=40),
+        ssm=dict(enc_layers=2, ssm_inner=240, ssm_state=8),
+        memory_port=dict(enc_layers=2, enc_mlp_dim=360, mem_dim=80),
     ),
 }
 
