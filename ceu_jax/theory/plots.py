@@ -7,54 +7,16 @@ os.replace, so a reader never sees a half-written figure.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Mapping, Sequence
 
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from ceu_jax.plotting import FORMATS, save_figure  # noqa: F401  (re-exported)
 from ceu_jax.theory.identifiability import T1Result, t1_error_curve
 from ceu_jax.theory.lower_bound import ModelPoint
 from ceu_jax.theory.upper_bound import T3Report
-
-FORMATS = ("png", "pdf")
-
-
-def _umask() -> int:
-  """The process umask (mkstemp creates 0600 files; restore normal modes)."""
-  mask = os.umask(0)
-  os.umask(mask)
-  return mask
-
-
-def _atomic_savefig(fig: Figure, path: str, fmt: str) -> None:
-  """Renders fig to a temp file next to path, then os.replace()s it."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=f".{fmt}", dir=directory)
-  try:
-    with os.fdopen(fd, "wb") as handle:
-      fig.savefig(handle, format=fmt, dpi=150)
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
-def save_figure(fig: Figure, stem: str,
-                formats: Sequence[str] = FORMATS) -> list[str]:
-  """Writes stem.png and stem.pdf (an extension on stem is dropped)."""
-  base, ext = os.path.splitext(stem)
-  base = base if ext.lstrip(".") in FORMATS else stem
-  paths = [f"{base}.{fmt}" for fmt in formats]
-  for path, fmt in zip(paths, formats):
-    _atomic_savefig(fig, path, fmt)
-  return paths
-
 
 def _finite(*arrays: np.ndarray) -> np.ndarray:
   """Mask of positions where every array is finite."""
