@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ceu_jax.scores import gold_loglik, token_logliks
 
@@ -161,15 +162,15 @@ class ToyReader(nn.Module):
 def make(port="attn", layers=2, b=3, q=3, n=8, a=2, seed=0, **kw):
   """(model, variables, clean, corrupt, loglik_fn, token_loglik_fn)."""
   model = ToyReader(port=port, layers=layers, **kw)
-  k1, k2, k3, k4, k5 = jax.random.split(jax.random.key(seed), 5)
-  query = jax.random.randint(k1, (b, q), 1, V)
-  context = jax.random.randint(k2, (b, n), 1, V)
-  answer = jax.random.randint(k3, (b, a), 1, V)
-  changed = jax.random.bernoulli(k4, 0.4, (b, n))
-  corrupt_ctx = jnp.where(changed, jax.random.randint(k5, (b, n), 1, V), context)
-  variables = model.init(jax.random.key(seed + 1), query, context, answer)
-  # Sharpen the weights so that corruption gaps are not tiny.
-  variables = jax.tree.map(lambda w: 2.0 * w, variables)
+  rng = np.random.default_rng(seed)
+  query, context, answer = (jnp.asarray(rng.integers(1, V, s), jnp.int32)
+                            for s in ((b, q), (b, n), (b, a)))
+  changed = rng.random((b, n)) < 0.4
+  corrupt_ctx = jnp.asarray(np.where(changed, rng.integers(1, V, (b, n)),
+                                     np.asarray(context)), jnp.int32)
+  # Sharpened weights (×2) so that corruption gaps are not tiny.
+  variables = jax.jit(lambda *a: jax.tree.map(lambda w: 2.0 * w, model.init(*a)))(
+      jax.random.key(seed + 1), query, context, answer)
   clean = (query, context, answer)
   corrupt = (query, corrupt_ctx, answer)
 

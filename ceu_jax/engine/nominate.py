@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ceu_jax.engine.sites import (SPAN_KWARG, EngineError, LoglikFn, Site,
-                                  as_site, run_hooked)
+                                  as_site, rewind_compact, run_hooked)
 
 
 def by_query_overlap(query: jax.Array, context: jax.Array,
@@ -82,6 +82,7 @@ def attention_mass(loglik_fn: LoglikFn, variables: Any, inputs: Any,
     kw = {k: v for k, v in kwargs.items() if k != SPAN_KWARG}
     mass = fn(*args, **kw)
     out.append(mass.sum(2) if mass.ndim == 4 else mass)
+    rewind_compact(module)
     return next_fun(*args, **kwargs)
 
   run_hooked(loglik_fn, variables, inputs, {site: action})

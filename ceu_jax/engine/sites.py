@@ -46,7 +46,7 @@ class MaskShapeError(EngineError):
   """A probe mask does not fit the site's activation."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)
 class Site:
   """A read port: module path (``'a/b/c'``, matched exactly) and method name."""
   path: str
@@ -104,6 +104,19 @@ def check_span_support(module: nn.Module, site: Site,
   return kind
 
 
+def rewind_compact(module: nn.Module) -> None:
+  """Lets a compact method run again within the same intercepted call.
+
+  Flax rewinds a module's scope and autonames after each compact method call;
+  a second call of the port from inside its interceptor needs the same so
+  that its params and inline submodules resolve to the same names.
+  """
+  state = getattr(module, "_state", None)
+  if state is not None and state.in_compact_method and module.scope is not None:
+    object.__setattr__(module, "scope", module.scope.rewound())
+    state.autoname_cursor = dict()
+
+
 def call_with_span(next_fun: Callable[..., Any], args: tuple, kwargs: dict,
                    module: nn.Module, method: str, span: jax.Array,
                    site: Site) -> jax.Array:
@@ -124,6 +137,7 @@ def call_with_span(next_fun: Callable[..., Any], args: tuple, kwargs: dict,
         f"`{SPAN_KWARG}` parameter")
   else:
     kwargs = {**kwargs, SPAN_KWARG: span}
+  rewind_compact(module)
   try:
     return next_fun(*args, **kwargs)
   except (TypeError, ValueError) as e:

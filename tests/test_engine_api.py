@@ -1,0 +1,311 @@
+"""CEU engine API: caching, leaks, hoisting, errors, builders, nomination,
+profiles, token-wise CEU (toy Flax models in tests/test_engine_toys.py).
+
+Shape legend: K probes, B batch, N context tokens, P ports, T reader
+positions, A answer tokens.
+"""
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ceu_jax import engine
+from ceu_jax.engine import Probes, Site
+from ceu_jax.scores import gold_loglik
+
+try:
+  from tests.test_engine_toys import make
+except ImportError:  # tests/ not a package
+  from test_engine_toys import make
+
+SITE = Site("block_1/retrieval")
+B, N, T, PORTS = 3, 8, 5, 2
+
+
+@functools.lru_cache(maxsize=None)
+def toy(port="attn", layers=2):
+  return make(port, layers=layers)
+
+
+def _span_probes(seed, k=3):
+  return Probes(span=jax.random.bernoulli(jax.random.key(seed), 0.5, (k, B, N)))
+
+
+# ------------------------------------------------------ compilation and leaks
+
+def test_new_probe_values_do_not_retrace_and_nothing_leaks():
+  model, v, clean, corrupt, _, _ = make("attn", layers=1, seed=3)
+  traces = [0]
+
+  def loglik_fn(variables, inputs):
+    traces[0] += 1
+    return gold_loglik(model.apply(variables, *inputs), inputs[2])
+
+  with jax.checking_leaks():
+    r1 = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
+                      _span_probes(0, 5), chunk_size=2)
+  n = traces[0]
+  assert n > 0
+  r2 = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
+                    _span_probes(1, 5), chunk_size=2)
+  assert traces[0] == n                    # same shapes: no retrace
+  assert not np.allclose(r1.L_int, r2.L_int)
+  # Other inputs of the same shapes do not retrace either.
+  engine.audit(loglik_fn, v, corrupt, clean, "block_0/retrieval",
+               _span_probes(2, 5), chunk_size=2)
+  assert traces[0] == n
+
+
+def test_prefix_runs_once_whatever_the_number_of_chunks():
+  calls = [0]
+
+  def count(_):
+    calls[0] += 1
+
+  model, v, clean, corrupt, _, _ = make("attn", layers=1, prefix_callback=count)
+  def loglik_fn(variables, inputs):
+    return gold_loglik(model.apply(variables, *inputs), inputs[2])
+
+  def executions(k, **kw):
+    calls[0] = 0
+    r = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
+                     _span_probes(0, k), chunk_size=2, **kw)
+    jax.block_until_ready(r.L_int)
+    jax.effects_barrier()
+    return calls[0]
+
+  one_chunk = executions(2)
+  assert executions(6) == one_chunk        # 3 chunks, prefix hoisted out
+  assert executions(6, hoist=False) > one_chunk
+
+
+# ------------------------------------------------------------------- errors
+
+def test_unknown_site_lists_the_sites_seen():
+  _, v, clean, corrupt, ll, _ = toy()
+  with pytest.raises(engine.SiteNotFoundError) as e:
+    engine.audit(ll, v, clean, corrupt, "block_9/retrieval")
+  assert "block_1/retrieval:read" in str(e.value)
+  assert "block_0/retrieval:read" in str(e.value)
+  with pytest.raises(engine.SiteNotFoundError):
+    engine.audit(ll, v, clean, corrupt, Site("block_1/retrieval", "write"))
+
+
+def test_span_patch_needs_a_declared_decomposition():
+  _, v, clean, corrupt, ll, _ = toy("plain")
+  with pytest.raises(engine.SpanUnsupportedError, match="span_decomposition"):
+    engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0))
+  # Port patches are fine there.
+  r = engine.audit(ll, v, clean, corrupt, SITE, engine.port_probes(PORTS))
+  assert r.ceu.shape == (PORTS, B)
+
+
+def test_approximate_span_needs_explicit_permission():
+  _, v, clean, corrupt, ll, _ = toy("memory")
+  with pytest.raises(engine.SpanUnsupportedError, match="allow_approximate"):
+    engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0))
+  r = engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0),
+                   allow_approximate=True)
+  assert r.approximate
+  # Port-restricted patches at a memory port are exact: all ports == full.
+  both = engine.audit(ll, v, clean, corrupt, SITE,
+                      Probes(ports=jnp.ones((1, PORTS), bool)))
+  full = engine.audit(ll, v, clean, corrupt, SITE)
+  np.testing.assert_allclose(both.L_int, full.L_int, atol=1e-5)
+  assert not full.approximate
+
+
+@pytest.mark.parametrize("probes, field", [
+    (Probes(ports=jnp.ones((2, PORTS + 1), bool)), "ports"),
+    (Probes(positions=jnp.ones((2, T + 2), bool)), "positions"),
+    (Probes(positions=jnp.ones((2, B + 1, T), bool)), "positions"),
+    (Probes(span=jnp.ones((2, B + 1, N), bool)), "span"),
+    (Probes(span=jnp.ones((2, B, N + 3), bool)), "span"),
+    (Probes(span=jnp.ones((2, N), bool)), "span"),
+    (Probes(span=jnp.ones((2, B, N), bool), ports=jnp.ones((3, PORTS), bool)),
+     "K"),
+])
+def test_mask_shape_errors_name_the_field(probes, field):
+  _, v, clean, corrupt, ll, _ = toy()
+  with pytest.raises(engine.MaskShapeError, match=field):
+    engine.intervened_logliks(ll, v, clean, corrupt, SITE, probes)
+
+
+def test_a_site_called_twice_is_an_error():
+  class Twice(nn.Module):
+    span_decomposition = "exact"
+
+    @nn.compact
+    def read(self, x, span_mask=None):
+      return nn.Dense(2)(x)[:, None, None]
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      port = Twice(name="port")
+      return (port.read(x) + port.read(2 * x)).sum((1, 2, 3))
+
+  m = Model()
+  x = jnp.ones((2, 3))
+  v = m.init(jax.random.key(0), x)
+  with pytest.raises(engine.EngineError, match="more than once"):
+    engine.audit(lambda vv, xx: m.apply(vv, xx), v, x, x, "port")
+
+
+def test_compact_port_with_inline_submodules_can_be_span_patched():
+  class Port(nn.Module):
+    span_decomposition = "exact"
+
+    @nn.compact
+    def read(self, ctx, span_mask=None):           # ctx [B, N, D]
+      v = nn.Dense(3)(ctx)
+      if span_mask is not None:
+        v = v * span_mask[..., None]
+      return v.sum(1)[:, None, None]
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, ctx):
+      return jnp.tanh(nn.Dense(1)(Port(name="p").read(ctx))).sum((1, 2, 3))
+
+  m = Model()
+  c1 = jax.random.normal(jax.random.key(0), (2, 4, 3))
+  c2 = c1.at[:, 1].set(0.5)
+  v = m.init(jax.random.key(1), c1)
+  ll = lambda vv, c: m.apply(vv, c)
+  probes = Probes(span=jnp.stack([jnp.ones((2, 4), bool),
+                                  jnp.zeros((2, 4), bool)]))
+  r = engine.audit(ll, v, c1, c2, "p", probes)
+  full = engine.audit(ll, v, c1, c2, "p")
+  np.testing.assert_allclose(r.L_int[0], full.L_int[0], atol=1e-5)
+  np.testing.assert_allclose(r.L_int[1], r.L_minus, atol=1e-5)
+
+
+# ------------------------------------------------------------ record / patch
+
+def test_record_and_patch_compose_under_jit():
+  model, v, clean, corrupt, ll, _ = toy()
+  sites = [Site("block_0/retrieval"), SITE]
+
+  @jax.jit
+  def go(v):
+    l_plus, hs = engine.record(ll, v, clean, sites)
+    l_int = engine.patch(ll, v, corrupt, SITE, hs[SITE])
+    return l_plus, hs, l_int, ll(v, clean)
+
+  l_plus, hs, l_int, ref = go(v)
+  assert hs[sites[0]].shape == (B, T, PORTS, 4)
+  np.testing.assert_allclose(l_plus, ref, atol=1e-6)
+  full = engine.audit(ll, v, clean, corrupt, SITE)
+  np.testing.assert_allclose(l_int, full.L_int[0], atol=1e-5)
+
+
+# ------------------------------------------------------------- probe builders
+
+def test_control_span_matches_length_and_avoids_evidence():
+  ev = np.zeros((4, 12), bool)
+  ev[0, 2:5] = ev[1, 0:2] = ev[2, 9:12] = True
+  ev[3, 1:10] = True                              # no room for a window
+  cand = np.ones((4, 12), bool)
+  cand[:, 11] = False
+  mask, contiguous = engine.control_span(jnp.array(ev), jax.random.key(0),
+                                         jnp.array(cand))
+  mask, contiguous = np.asarray(mask), np.asarray(contiguous)
+  np.testing.assert_array_equal(mask.sum(1), [3, 2, 3, 2])   # row 3: only 2 free
+  assert not (mask & ev).any() and not (mask & ~cand).any()
+  np.testing.assert_array_equal(contiguous, [True, True, True, False])
+  for b in range(3):
+    idx = np.flatnonzero(mask[b])
+    assert (np.diff(idx) == 1).all()
+
+
+def test_evidence_probes_layout():
+  ev = jnp.zeros((2, 6), bool).at[:, 1:3].set(True)
+  dis = jnp.zeros((2, 6), bool).at[:, 4:6].set(True)
+  p = engine.evidence_probes(ev, distractor_mask=dis,
+                             control_key=jax.random.key(1),
+                             port_mask=jnp.array([True, False]))
+  assert p.names == ("ev", "dis", "control")
+  assert p.span.shape == (3, 2, 6) and p.ports.shape == (3, 2)
+  np.testing.assert_array_equal(p.span[2].sum(1), [2, 2])
+  both = engine.stack(p, engine.port_probes(2).replace(
+      span=jnp.ones((2, 2, 6), bool)))
+  assert both.num == 5 and both.names[-1] == "port_1"
+
+
+# --------------------------------------------------------------- nomination
+
+def test_nominate_by_query_overlap_and_passage():
+  query = jnp.array([[5, 6, 0], [9, 0, 0]])
+  context = jnp.array([[1, 5, 2, 5, 6, 3], [9, 2, 2, 3, 3, 3]])
+  line_ids = jnp.array([[0, 0, 1, 1, 1, -1], [0, 0, 1, 1, 2, 2]])
+  got = engine.by_query_overlap(query, context, line_ids)
+  np.testing.assert_array_equal(got, [[0, 0, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]])
+  pid = jnp.array([[0, 0, 0, 1, 1, 1], [0, 1, 1, 2, 2, 2]])
+  np.testing.assert_array_equal(engine.by_passage(pid, jnp.array([1, 2])),
+                                [[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]])
+  np.testing.assert_array_equal(
+      engine.passage_containing(context, pid, jnp.array([[6, 3], [2, 0]])),
+      [1, 1])
+
+
+def test_nominate_by_attention_mass():
+  model, v, clean, _, ll, _ = toy()
+  got = engine.by_attention(ll, v, clean, SITE, 2, position=2)
+  assert got.shape == (B, N) and (np.asarray(got).sum(1) == 2).all()
+  mass = engine.attention_mass(ll, v, clean, SITE)          # [B, T, N]
+  np.testing.assert_allclose(mass.sum(-1), PORTS, atol=1e-5)
+  top = np.argsort(-np.asarray(mass[:, 2]), axis=1)[:, :2]
+  for b in range(B):
+    assert set(np.flatnonzero(got[b])) == set(top[b])
+  _, vs, cs, _, lls, _ = toy("ssm")
+  with pytest.raises(engine.EngineError, match="attention_mass"):
+    engine.by_attention(lls, vs, cs, SITE, 2)
+
+
+# ------------------------------------------- profiles, token-wise, scores
+
+def test_profile_over_layers_and_ports():
+  _, v, clean, corrupt, ll, _ = toy()
+  sites = ["block_0/retrieval", "block_1/retrieval"]
+  prof = engine.profile(ll, v, clean, corrupt, sites,
+                        engine.port_probes(PORTS))
+  assert prof.stacked("ceu").shape == (2, PORTS, B)
+  assert prof.stacked("ceu", "port_1").shape == (2, B)
+  np.testing.assert_allclose(prof["block_0/retrieval"].L_plus,
+                             prof[SITE].L_plus)
+
+
+def test_tokenwise_ceu_with_per_token_logliks():
+  _, v, clean, corrupt, _, tll = toy()
+  q, a = clean[0].shape[1], clean[2].shape[1]
+  # Answer token i is predicted at reader position q - 1 + i.
+  probes = engine.position_probes(T, [q - 1 + i for i in range(a)])
+  r = engine.audit(tll, v, clean, corrupt, SITE, probes)
+  assert r.L_int.shape == (a, B, a) and r.L_plus.shape == (B, a)
+  ceu_t, deg_t = engine.tokenwise(r.L_int, r.L_plus, r.L_minus, range(a))
+  assert ceu_t.shape == (a, B) and deg_t.shape == (a, B)
+  # Each position only feeds its own token: the other tokens stay at L−.
+  np.testing.assert_allclose(r.L_int[0, :, 1], r.L_minus[:, 1], atol=1e-5)
+  seq = r.summed()
+  assert seq.ceu.shape == (a, B)
+
+
+def test_scores_flag_degenerate_gaps_instead_of_hiding_them():
+  lp = jnp.array([0.0, -1.0, -2.0])
+  lm = jnp.array([-2.0, -1.0, -1.0])
+  li = jnp.array([[-1.0, -0.5, -3.0]])
+  r = engine.from_logliks(lp, lm, li, eps=1e-3, names=("ev",))
+  np.testing.assert_array_equal(r.degenerate, [False, True, True])
+  assert int(r.n_degenerate) == 2
+  np.testing.assert_allclose(r.ceu_of("ev"), [0.5, 1.0, 0.0])
+  assert np.isnan(float(r.attrib[0, 1]))          # flagged, not hidden
+  np.testing.assert_allclose(r.ceu_unclipped[0, 0], 0.5)
+  np.testing.assert_allclose(r.delta_of("ev"), [1.0, 0.5, -2.0])
+  g = jax.grad(lambda x: engine.ceu_unclipped(x, lp, lm).sum())(li)
+  assert np.isfinite(np.asarray(g)).all()
