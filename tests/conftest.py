@@ -1,0 +1,104 @@
+"""Shared fixtures: memoised ATR-insert batches as numpy (compiled once per worker)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, Iterator
+
+import jax
+import numpy as np
+import pytest
+
+from ceu_jax.data import atr, corruptions
+from ceu_jax.data.atr_config import ATRConfig
+from ceu_jax.data.types import RetrievalBatch
+
+BATCH = 1024   # one batch size everywhere (also evalsets.CHUNK): one compile per config
+
+
+def tiny_atr(**overrides) -> ATRConfig:
+  """The data section of configs/atr_insert.py:tiny with η = 0.2 (plus overrides)."""
+  from configs import atr_insert
+  cfg = ATRConfig.from_config(atr_insert.get_config("tiny,eta=0.2").data)
+  return dataclasses.replace(cfg, **overrides)
+
+
+# Several (η, δ, n), both variants, answer lengths 1-3, tiny vocabularies.
+ATR_CONFIGS = {
+    "vfk_n128": tiny_atr(),
+    "kfv_n256": ATRConfig(variant="key_for_value", context_len=256, answer_len=2, eta=0.5,
+                          delta=0.7, paraphrase_rate=0.3, overlap_rate=0.25,
+                          n_ids=32, n_keys=32, n_values=32),
+    "vfk_n96": ATRConfig(num_passages=4, context_len=96, answer_len=3, eta=0.0, delta=1.0,
+                         hard_negative_kinds="same_id", paraphrase_rate=0.5),
+    "kfv_n48": ATRConfig(variant="key_for_value", num_passages=3, context_len=48, eta=1.0,
+                         delta=0.0, hard_negative_kinds="same_key", filler_rate=0.2,
+                         n_ids=2, n_keys=2, n_values=2, n_filler=2),
+}
+
+
+@contextlib.contextmanager
+def fast_compile() -> Iterator[None]:
+  """Compile with most XLA optimisations off: the data tests are compile-bound."""
+  old = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
+def to_numpy(batch: RetrievalBatch) -> RetrievalBatch:
+  return jax.tree.map(np.asarray, batch)
+
+
+def concat(batches: list[RetrievalBatch]) -> RetrievalBatch:
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *batches)
+
+
+@pytest.fixture(scope="session")
+def atr_data() -> Callable[..., RetrievalBatch]:
+  """make(cfg, num_examples, seed=0) -> D+ as numpy (first batches of the train stream)."""
+  cache: dict = {}
+
+  def make(cfg: ATRConfig, num_examples: int, seed: int = 0) -> RetrievalBatch:
+    key = (cfg, num_examples, seed)
+    if key not in cache:
+      n_batches = -(-num_examples // BATCH)
+      with fast_compile():
+        parts = [to_numpy(atr.generate_batch(cfg, seed, i, BATCH)) for i in range(n_batches)]
+      cache[key] = jax.tree.map(lambda x: x[:num_examples], concat(parts))
+    return cache[key]
+
+  return make
+
+
+@pytest.fixture(scope="session")
+def atr_corrupted(atr_data) -> Callable[..., RetrievalBatch]:
+  """make(cfg, num_examples, name, seed=0) -> D− of `atr_data(cfg, num_examples, seed)`."""
+  cache: dict = {}
+
+  def make(cfg: ATRConfig, num_examples: int, name: str, seed: int = 0) -> RetrievalBatch:
+    key = (cfg, num_examples, name, seed)
+    if key not in cache:
+      plus = atr_data(cfg, num_examples, seed)
+      n_batches = -(-num_examples // BATCH)
+      parts = []
+      with fast_compile():
+        for i in range(n_batches):
+          chunk = jax.tree.map(lambda x: x[i * BATCH:(i + 1) * BATCH], plus)
+          chunk = _pad_to(chunk, BATCH)
+          out = corruptions.corrupt(cfg, chunk, name, jax.random.PRNGKey(seed + 99))
+          parts.append(to_numpy(out))
+      cache[key] = jax.tree.map(lambda x: x[:num_examples], concat(parts))
+    return cache[key]
+
+  return make
+
+
+def _pad_to(batch: RetrievalBatch, size: int) -> RetrievalBatch:
+  """Pad a short batch to `size` rows by repeating its last row (same compile)."""
+  rows = batch.example_id.shape[0]
+  if rows == size:
+    return batch
+  return jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[-1:], size - rows, 0)]), batch)
