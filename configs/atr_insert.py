@@ -58,6 +58,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   t.checkpoint_every = 500 if tiny else 2000  # steps between checkpoints
   t.keep_latest = 2                        # latest checkpoints kept
   t.keep_best = 1                          # best checkpoints kept (by eval.best_metric)
+  t.async_checkpointing = True             # orbax saves in the background (committed atomically)
+  t.debug_nan_step = -1                    # TEST ONLY: loss × NaN at this step (-1 = off)
+  t.debug_kill = ""                        # TEST ONLY: '<after_step|in_save|after_save|sigterm>:<step>'
+                                           # (SIGKILL self there; 'sigterm' sends SIGTERM)
 
   c.cer = r = ml_collections.ConfigDict()
   r.regularizer = "none"                   # none | evidence | evidence_distractor
@@ -73,6 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   r.grad_path = "all"                      # all | numerator (clean recording under stop_gradient)
   r.corruption = "value_swap"              # corruption giving D− for CER
   r.eps = 1e-3                             # ε of the stabilised CEU
+  r.site = -1                              # read port f: index into read_port_sites (-1 = deepest)
 
   c.eval = e = ml_collections.ConfigDict()
   e.num_examples = 512 if tiny else 2048   # fixed evaluation set size
@@ -80,7 +85,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   e.seed = 1234                            # evaluation-set seed (same set for every cell)
   e.corruptions = ("value_swap", "evidence_swap", "removal")  # D− kinds audited
   e.chunk_size = 16                        # probes per vmapped chunk
-  e.best_metric = "em"                     # metric that picks the best checkpoint
+  e.best_metric = "em"                     # metric that picks the best checkpoint (em | nll | ceu_ev | supported_0.5)
+  e.num_resamples = 1000                   # bootstrap resamples of the final eval summary (0 = no CIs)
 
   c.sharding = common.sharding_section()
   return c

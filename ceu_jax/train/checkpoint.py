@@ -1,0 +1,251 @@
+"""Checkpoints (orbax), the run status file and the preemption signal handler.
+
+- `Checkpointer` wraps `ocp.CheckpointManager` with `max_to_keep=None` and
+  prunes explicitly: it keeps the latest `keep_latest` committed steps and the
+  `keep_best` best ones by an eval metric, so the newest step is never deleted
+  by a best-metric policy (SPEC §9). Each checkpoint holds the train state and
+  a JSON `meta` item (step, eval metrics, an order-independent digest of the
+  state). Restoring verifies the digest; an unreadable or mismatching latest
+  step is moved to `<workdir>/corrupt_checkpoints/` with a warning and the
+  previous step is tried. If steps exist but none is valid, `restore` raises
+  `CheckpointError`: a run never silently starts from scratch.
+- `write_status` writes `<workdir>/status.json` atomically (temp + os.replace).
+- `PreemptionHandler` turns SIGTERM/SIGINT into a flag that the loop checks at
+  the next step boundary (orbax's own preemption sync needs jax.distributed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+
+class CheckpointError(RuntimeError):
+  """No valid checkpoint although the workdir has some: refuse a fresh start."""
+
+
+# ---------------------------------------------------------------- digest
+def _leaf_digest(x: jax.Array) -> jax.Array:
+  """(sum of bits, position-weighted sum of bits) mod 2^32: exact and independent of
+  the reduction order, so any sharding of the same values gives the same digest."""
+  x = jnp.asarray(x)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    unsigned = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+    bits = jax.lax.bitcast_convert_type(x, unsigned)   # f64 -> [..., 2] uint32
+  else:
+    bits = x
+  bits = bits.reshape(-1).astype(jnp.uint32)
+  pos = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
+  return jnp.stack([bits.sum(dtype=jnp.uint32), (bits * pos).sum(dtype=jnp.uint32)])
+
+
+@jax.jit
+def _tree_digest(tree: Any) -> jax.Array:
+  leaves = jax.tree.leaves(tree)
+  out = jnp.zeros((2,), jnp.uint32)
+  for i, leaf in enumerate(leaves):
+    out = out + _leaf_digest(leaf) * jnp.uint32(2 * i + 1)
+  return out
+
+
+def state_digest(tree: Any) -> str:
+  """A hex digest of every leaf's exact bits (order-independent reduction)."""
+  d = np.asarray(jax.device_get(_tree_digest(tree)), np.uint32)
+  return f"{int(d[0]):08x}{int(d[1]):08x}-{len(jax.tree.leaves(tree))}"
+
+
+# ---------------------------------------------------------------- status file
+def write_json_atomic(path: str, payload: Any) -> None:
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".json")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(payload, f, indent=2, sort_keys=True)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_status(workdir: str, status: str, step: int, message: str = "", **extra) -> None:
+  """<workdir>/status.json = {status, step, message, time, ...} (process 0 only)."""
+  if jax.process_index() != 0:
+    return
+  write_json_atomic(os.path.join(workdir, "status.json"),
+                    dict(status=status, step=int(step), message=message, time=time.time(),
+                         **extra))
+
+
+def read_status(workdir: str) -> dict | None:
+  path = os.path.join(workdir, "status.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+# ---------------------------------------------------------------- preemption
+class PreemptionHandler:
+  """Context manager: SIGTERM / SIGINT set `requested` (and remember the signal)
+  instead of killing the process; the loop saves at the next step boundary."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.requested: int | None = None
+    self._old: dict = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    logging.warning("received signal %d: checkpointing at the next step boundary", signum)
+    self.requested = signum
+
+  def __enter__(self) -> "PreemptionHandler":
+    try:
+      for s in self.SIGNALS:
+        self._old[s] = signal.signal(s, self._handle)
+    except ValueError:   # not the main thread: signals cannot be handled here
+      logging.warning("PreemptionHandler: not in the main thread; signals not handled")
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for s, old in self._old.items():
+      signal.signal(s, old)
+
+  def should_stop(self) -> bool:
+    flag = self.requested is not None
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      flag = bool(np.asarray(multihost_utils.process_allgather(np.asarray(flag))).any())
+    return flag
+
+
+# ---------------------------------------------------------------- checkpointer
+class Checkpointer:
+  """Orbax CheckpointManager with explicit latest-N + best-N retention."""
+
+  def __init__(self, workdir: str, *, keep_latest: int, keep_best: int, best_metric: str,
+               best_mode: str, async_save: bool = True):
+    self.workdir = workdir
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.keep_latest, self.keep_best = keep_latest, keep_best
+    self.best_metric, self.best_mode = best_metric, best_mode
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None, create=True, cleanup_tmp_directories=True,
+        enable_async_checkpointing=async_save)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=("state", "meta"))
+    self._meta: dict[int, dict] = {}
+
+  # --- save
+  def save(self, step: int, state: Any, metrics: dict | None = None) -> None:
+    """Start saving `state` at `step` (async); prunes the committed steps first."""
+    self.manager.wait_until_finished()
+    self.prune()
+    meta = {"step": int(step), "digest": state_digest(state), "metrics": metrics or {},
+            "time": time.time()}
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave(meta)),
+                      force=True)
+    self._meta[int(step)] = meta
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.prune()
+    self.manager.close()
+
+  # --- retention
+  def _metric(self, step: int) -> float | None:
+    meta = self._meta.get(step)
+    if meta is None:
+      try:
+        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        meta = dict(meta["meta"])
+      except Exception:  # pylint: disable=broad-except
+        return None
+      self._meta[step] = meta
+    value = meta.get("metrics", {}).get(self.best_metric)
+    return None if value is None or not np.isfinite(value) else float(value)
+
+  def keep_set(self, steps: list[int]) -> set[int]:
+    steps = sorted(steps)
+    keep = set(steps[-self.keep_latest:]) if self.keep_latest else set()
+    scored = [(m, s) for s in steps if (m := self._metric(s)) is not None]
+    sign = 1.0 if self.best_mode == "max" else -1.0
+    scored.sort(key=lambda ms: (sign * ms[0], ms[1]), reverse=True)
+    keep |= {s for _, s in scored[:self.keep_best]}
+    return keep
+
+  def prune(self) -> None:
+    self.manager.reload()
+    steps = list(self.manager.all_steps())
+    keep = self.keep_set(steps)
+    for s in steps:
+      if s not in keep:
+        self.manager.delete(s)
+        self._meta.pop(s, None)
+
+  # --- restore
+  def all_steps(self) -> list[int]:
+    self.manager.reload()
+    return sorted(self.manager.all_steps())
+
+  def _quarantine(self, step: int, reason: str) -> None:
+    src = os.path.join(self.directory, str(step))
+    dst_dir = os.path.join(os.path.abspath(self.workdir), "corrupt_checkpoints")
+    logging.warning("checkpoint step %d is unusable (%s); moving it to %s and falling back "
+                    "to the previous step", step, reason, dst_dir)
+    if jax.process_index() == 0 and os.path.exists(src):
+      os.makedirs(dst_dir, exist_ok=True)
+      dst = os.path.join(dst_dir, f"{step}_{int(time.time())}")
+      shutil.move(src, dst)
+    self._meta.pop(step, None)
+    self.manager.reload()
+
+  def restore(self, abstract_state: Any) -> tuple[Any, int, dict] | None:
+    """(state, step, meta) of the newest valid step, None if there is none at all.
+
+    `abstract_state`: jax.ShapeDtypeStruct tree with shardings (the layout).
+    """
+    steps = self.all_steps()
+    if not steps:
+      return None
+    tried = []
+    for step in reversed(steps):
+      try:
+        out = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+        state, meta = out["state"], dict(out["meta"])
+        digest = state_digest(state)
+        if meta.get("digest") != digest:
+          raise CheckpointError(f"state digest {digest} != stored {meta.get('digest')}")
+      except Exception as e:  # pylint: disable=broad-except
+        tried.append((step, f"{type(e).__name__}: {str(e)[:300]}"))
+        self._quarantine(step, tried[-1][1])
+        continue
+      if tried:
+        logging.warning("restored step %d after skipping unusable steps %s", step,
+                        [s for s, _ in tried])
+      self._meta[step] = meta
+      return state, step, meta
+    raise CheckpointError(
+        f"{self.directory} holds checkpoints {steps} but none could be restored "
+        f"({tried}); refusing to start from scratch. Move the workdir away to start a "
+        "fresh run.")

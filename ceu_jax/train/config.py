@@ -1,0 +1,227 @@
+"""Validation of a training config before anything compiles, and resume checks.
+
+`validate(config, num_devices)` raises ValueError whose message starts with the
+offending field's dotted name (e.g. "cer.alpha must be in (0, 1], got 1.5").
+`check_resume_compatible(stored, config)` raises ValueError naming the first
+field whose change makes a checkpoint unusable (architecture, n, task, ...).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable, Mapping
+
+import architectures
+from ceu_jax.data import corruptions
+from ceu_jax.data.atr_config import ATRConfig
+from ceu_jax.train import losses
+from ceu_jax.train import sharding as sharding_lib
+
+TASKS = ("atr_insert",)
+SECTIONS = ("seed", "data", "model", "train", "cer", "eval", "sharding")
+# Sections that other tools add to a training config and training ignores
+# (the grid runner's cell settings, ceu_jax/grid).
+IGNORED_SECTIONS = ("grid", "sweep")
+MODEL_FIELDS = ("family", "preset", "retrieval_layers", "bypass", "dtype", "overrides")
+CER_CORRUPTIONS = ("value_swap", "evidence_swap", "removal")
+LOGICAL_AXES = ("batch", "length", "ctx", "embed", "heads", "kv", "mlp", "vocab", "ports",
+                "state")
+# Eval metric -> 'max' | 'min' (which direction is better, for the best checkpoint).
+BEST_METRICS = {"em": "max", "nll": "min", "ceu_ev": "max", "supported_0.5": "max"}
+# Fields whose change between runs in one workdir invalidates the checkpoint.
+RESUME_FIXED = ("data.task", "data.variant", "data.context_len", "data.num_passages",
+                "data.answer_len", "data.n_ids", "data.n_keys", "data.n_values",
+                "data.n_filler", "model.family", "model.preset", "model.retrieval_layers",
+                "model.bypass", "model.dtype", "model.overrides")
+
+
+def _is_num(x: Any) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_int(x: Any) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _ge(lo: float, integer: bool = False) -> Callable[[Any], str | None]:
+  def check(x):
+    ok = (_is_int(x) if integer else _is_num(x)) and x >= lo
+    return None if ok else f"must be {'an integer' if integer else 'a number'} >= {lo}"
+  return check
+
+
+def _one_of(*allowed) -> Callable[[Any], str | None]:
+  return lambda x: None if x in allowed else f"must be one of {allowed}"
+
+
+def _alpha(x):
+  return None if _is_num(x) and 0 < x <= 1 else "must be in (0, 1]"
+
+
+def _any_int(x):
+  return None if _is_int(x) else "must be an integer"
+
+
+def _any_num(x):
+  return None if _is_num(x) else "must be a number"
+
+
+def _is_bool(x):
+  return None if isinstance(x, bool) else "must be a bool"
+
+
+def _debug_kill(x):
+  if x == "":
+    return None
+  point, _, step = str(x).partition(":")
+  if point in ("after_step", "in_save", "after_save", "sigterm") and step.isdigit():
+    return None
+  return "must be '' or '<after_step|in_save|after_save|sigterm>:<step>'"
+
+
+TRAIN_FIELDS: dict[str, Callable[[Any], str | None]] = {
+    "batch_size": _ge(1, True), "num_steps": _ge(1, True), "learning_rate": _ge(0),
+    "warmup_steps": _ge(0, True), "weight_decay": _ge(0), "grad_clip": _ge(0),
+    "log_every": _ge(1, True), "eval_every": _ge(0, True), "checkpoint_every": _ge(1, True),
+    "keep_latest": _ge(1, True), "keep_best": _ge(0, True), "async_checkpointing": _is_bool,
+    "debug_nan_step": _ge(-1, True), "debug_kill": _debug_kill,
+}
+CER_FIELDS: dict[str, Callable[[Any], str | None]] = {
+    "regularizer": _one_of(*losses.REGULARIZERS), "lambda_ev": _ge(0), "alpha": _alpha,
+    "lambda_dis": _ge(0), "beta_swap": _ge(0), "swap_form": _one_of(*losses.SWAP_FORMS),
+    "gamma": _ge(0), "lambda_noret": _ge(0), "beta0": _any_num, "k": _one_of(1, 2, 3),
+    "grad_path": _one_of(*losses.GRAD_PATHS), "corruption": _one_of(*CER_CORRUPTIONS),
+    "eps": lambda x: None if _is_num(x) and x > 0 else "must be > 0",
+    "site": _any_int,
+}
+EVAL_FIELDS: dict[str, Callable[[Any], str | None]] = {
+    "num_examples": _ge(1, True), "batch_size": _ge(1, True), "seed": _ge(0, True),
+    "corruptions": lambda x: (None if isinstance(x, (tuple, list)) and len(x) > 0 and all(
+        c in CER_CORRUPTIONS for c in x) else f"must be a non-empty subset of {CER_CORRUPTIONS}"),
+    "chunk_size": _ge(1, True), "best_metric": _one_of(*BEST_METRICS),
+    "num_resamples": _ge(0, True),
+}
+SHARDING_FIELDS = ("mesh_shape", "mesh_axes", "logical_axis_rules")
+
+
+def _items(section: Any) -> dict:
+  if hasattr(section, "to_dict"):
+    return section.to_dict()
+  return dict(section)
+
+
+def _check_section(name: str, section: Any, fields: Mapping[str, Callable]) -> None:
+  items = _items(section)
+  unknown = sorted(set(items) - set(fields))
+  if unknown:
+    raise ValueError(f"{name}.{unknown[0]} is an unknown field; known fields of {name}: "
+                     f"{sorted(fields)}")
+  missing = sorted(set(fields) - set(items))
+  if missing:
+    raise ValueError(f"{name}.{missing[0]} is missing")
+  for key, check in fields.items():
+    err = check(items[key])
+    if err:
+      raise ValueError(f"{name}.{key} {err}, got {items[key]!r}")
+
+
+def _check_sharding(s: Any, num_devices: int | None) -> None:
+  items = _items(s)
+  unknown = sorted(set(items) - set(SHARDING_FIELDS))
+  if unknown:
+    raise ValueError(f"sharding.{unknown[0]} is an unknown field; known: {SHARDING_FIELDS}")
+  shape, axes = tuple(items["mesh_shape"]), tuple(items["mesh_axes"])
+  if len(shape) != len(axes) or not shape:
+    raise ValueError(f"sharding.mesh_axes {axes} must name each of the mesh_shape {shape} "
+                     "dimensions")
+  if len(set(axes)) != len(axes) or not all(isinstance(a, str) for a in axes):
+    raise ValueError(f"sharding.mesh_axes must be distinct names, got {axes}")
+  for rule in items["logical_axis_rules"]:
+    if len(rule) != 2 or rule[0] not in LOGICAL_AXES:
+      raise ValueError(f"sharding.logical_axis_rules: {rule!r} must be (logical axis, mesh "
+                       f"axis | None) with a logical axis in {LOGICAL_AXES}")
+    targets = () if rule[1] is None else ((rule[1],) if isinstance(rule[1], str)
+                                          else tuple(rule[1]))
+    bad = [t for t in targets if t not in axes]
+    if bad:
+      raise ValueError(f"sharding.logical_axis_rules: {rule!r} maps to mesh axis {bad[0]!r},"
+                       f" which is not in sharding.mesh_axes {axes}")
+  if num_devices is not None:
+    sharding_lib.resolve_mesh_shape(shape, num_devices)
+
+
+def validate(config: Any, num_devices: int | None = None) -> None:
+  """Raise ValueError (message starts with the field name) for a bad config."""
+  top = _items(config)
+  unknown = sorted(set(top) - set(SECTIONS) - set(IGNORED_SECTIONS))
+  if unknown:
+    raise ValueError(f"{unknown[0]} is an unknown config section; known: {SECTIONS}")
+  for name in SECTIONS:
+    if name not in top:
+      raise ValueError(f"{name} is missing from the config")
+  if not _is_int(top["seed"]) or top["seed"] < 0:
+    raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
+  data = _items(config.data)
+  if data.get("task") not in TASKS:
+    raise ValueError(f"data.task must be one of {TASKS}, got {data.get('task')!r}")
+  ATRConfig.from_config(data)                     # raises "data.<field> ..."
+  model = _items(config.model)
+  unknown = sorted(set(model) - set(MODEL_FIELDS))
+  if unknown:
+    raise ValueError(f"model.{unknown[0]} is an unknown field; known: {MODEL_FIELDS}")
+  architectures.validate_model_config(model)      # raises "model.<field> ..."
+  _check_section("train", config.train, TRAIN_FIELDS)
+  _check_section("cer", config.cer, CER_FIELDS)
+  _check_section("eval", config.eval, EVAL_FIELDS)
+  t, c, e = config.train, config.cer, config.eval
+  if t.warmup_steps > t.num_steps:
+    raise ValueError(f"train.warmup_steps ({t.warmup_steps}) must be <= train.num_steps "
+                     f"({t.num_steps})")
+  if c.regularizer == "evidence_distractor" and c.k < 2:
+    raise ValueError(f"cer.k must be >= 2 for regularizer 'evidence_distractor' (the "
+                     f"distractor probe), got {c.k}")
+  if c.swap_form == "hinge" and c.beta_swap > 0 and c.gamma <= 0:
+    raise ValueError(f"cer.gamma must be > 0 for the hinge swap term, got {c.gamma}")
+  n_sites = len(architectures.read_port_sites(model))
+  if not -n_sites <= c.site < n_sites:
+    raise ValueError(f"cer.site must index one of the {n_sites} read ports, got {c.site}")
+  if e.num_examples % e.batch_size:
+    raise ValueError(f"eval.num_examples ({e.num_examples}) must be a multiple of "
+                     f"eval.batch_size ({e.batch_size})")
+  _check_sharding(config.sharding, num_devices)
+  if num_devices is not None:
+    shape = sharding_lib.resolve_mesh_shape(config.sharding.mesh_shape, num_devices)
+    sizes = dict(zip(config.sharding.mesh_axes, shape))
+    shards = math.prod(sizes[a] for a in sharding_lib.batch_axes(config.sharding))
+    for name, size in (("train.batch_size", t.batch_size), ("eval.batch_size", e.batch_size)):
+      if size % shards:
+        raise ValueError(f"{name} ({size}) must be divisible by the {shards} batch shards of "
+                         f"the mesh {dict(sizes)}")
+
+
+def to_json(config: Any) -> str:
+  return config.to_json_best_effort(indent=2, sort_keys=True) if hasattr(
+      config, "to_json_best_effort") else json.dumps(config, indent=2, sort_keys=True)
+
+
+def _lookup(tree: Mapping, dotted: str) -> Any:
+  node: Any = tree
+  for part in dotted.split("."):
+    if not isinstance(node, Mapping) or part not in node:
+      return None
+    node = node[part]
+  return node
+
+
+def _norm(x: Any) -> Any:
+  return json.loads(json.dumps(x, default=str)) if x is not None else None
+
+
+def check_resume_compatible(stored: Mapping, config: Any) -> None:
+  """ValueError naming the first RESUME_FIXED field that differs from `stored`."""
+  current = json.loads(to_json(config))
+  for field in RESUME_FIXED:
+    old, new = _norm(_lookup(stored, field)), _norm(_lookup(current, field))
+    if (old or None) != (new or None):
+      raise ValueError(f"{field} changed from {old!r} to {new!r} since this workdir's run "
+                       "started; its checkpoints cannot be resumed (use a new --workdir)")

@@ -1,0 +1,227 @@
+"""`train_and_evaluate(config, workdir)`: the training loop.
+
+Steps are numbered 1..train.num_steps; step s is the s-th optimiser update,
+uses data batch s − 1 and rng fold_in(rng, s − 1), and a checkpoint at step s
+holds the state after s updates. Files in the workdir:
+  config.json      the config of the run (checked on resume: architecture, n, task)
+  status.json      {status: running|completed|preempted|diverged, step, message}
+  metrics.jsonl    train/eval metric lines (process 0), tensorboard/ likewise
+  checkpoints/     orbax steps (latest N + best N by eval.best_metric)
+  eval_final.json  summarize_audit of the final evaluation, per corruption
+Ends: normally (returns a dict); `Preempted` after SIGTERM/SIGINT (checkpoint
+saved at the step boundary); `Diverged` at the first non-finite loss or
+gradient (no checkpoint of that or a later step is written).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from absl import logging
+
+from ceu_jax.train import checkpoint as ckpt_lib
+from ceu_jax.train import config as config_lib
+from ceu_jax.train import evaluation
+from ceu_jax.train import metric_writer
+from ceu_jax.train import sharding as sharding_lib
+from ceu_jax.train import state as state_lib
+from ceu_jax.train import task as task_lib
+
+EXIT_PREEMPTED = 75   # EX_TEMPFAIL: checkpoint saved after SIGTERM/SIGINT; rerun to resume
+EXIT_DIVERGED = 65    # non-finite loss or gradient; status.json names the step
+
+
+class Preempted(Exception):
+  def __init__(self, step: int, signum: int):
+    super().__init__(f"stopped by signal {signum} after step {step}; checkpoint saved")
+    self.step, self.signum = step, signum
+
+
+class Diverged(Exception):
+  def __init__(self, step: int, message: str):
+    super().__init__(message)
+    self.step = step
+
+
+def _debug_kill(spec: str, point: str, step: int) -> None:
+  """TEST ONLY (train.debug_kill): at `point` of `step`, SIGKILL this process, or for
+  point 'sigterm' send it SIGTERM (handled: checkpoint at the step boundary)."""
+  if spec and spec == f"{point}:{step}":
+    sig = signal.SIGTERM if point == "sigterm" else signal.SIGKILL
+    logging.warning("train.debug_kill: signal %d at %s", sig, spec)
+    logging.flush()
+    os.kill(os.getpid(), sig)
+
+
+def _prepare_workdir(config: Any, workdir: str) -> None:
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      config_lib.check_resume_compatible(json.load(f), config)
+  elif jax.process_index() == 0:
+    ckpt_lib.write_json_atomic(path, json.loads(config_lib.to_json(config)))
+
+
+def _host(tree: Any) -> dict:
+  return {k: np.asarray(v) for k, v in jax.device_get(tree).items()}
+
+
+def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = None,
+                       site: str | None = None) -> dict:
+  """Train (or resume) the run of `config` in `workdir`; returns the final metrics.
+
+  `model`/`site` replace the configured architecture (tests with toy models).
+  """
+  config_lib.validate(config, jax.device_count())
+  _prepare_workdir(config, workdir)
+  task = task_lib.build_task(config, model, site)
+  t, seed = config.train, int(config.seed)
+  mesh = sharding_lib.make_mesh(config.sharding)
+  rules = sharding_lib.rules(config.sharding)
+  batch_sharding = sharding_lib.batch_sharding(config.sharding, mesh)
+  tx = state_lib.make_optimizer(t)
+  init_fn = state_lib.boxed_init_fn(task.model, tx, task.dummy_inputs)
+  params_rng = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
+  train_rng = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+  abstract, shardings = sharding_lib.state_layout(init_fn, params_rng, mesh, rules)
+
+  best_metric = str(config.eval.best_metric)
+  ckpt = ckpt_lib.Checkpointer(workdir, keep_latest=int(t.keep_latest),
+                               keep_best=int(t.keep_best), best_metric=best_metric,
+                               best_mode=config_lib.BEST_METRICS[best_metric],
+                               async_save=bool(t.async_checkpointing))
+  restored = ckpt.restore(abstract)
+  if restored is None:
+    state = sharding_lib.init_sharded(init_fn, params_rng, shardings, mesh, rules)
+    start = 0
+  else:
+    state, start, _ = restored
+    logging.info("resumed from checkpoint step %d", start)
+  writer = metric_writer.MetricWriter(workdir)
+  writer.truncate_after(start)
+  ckpt_lib.write_status(workdir, "running", start)
+
+  num_steps = int(t.num_steps)
+  train_step = state_lib.make_train_step(
+      task.model, tx, task.site, task.loss_cfg, nan_step=int(t.debug_nan_step),
+      state_shardings=shardings, batch_sharding=batch_sharding, axis_rules=rules,
+      lr_schedule=state_lib.learning_rate_schedule(t))
+  evaluator = None
+  eval_metrics: dict = {}
+  last_train: dict = {}
+  last_eval: list = [-1, None]   # [step, rows] of the latest evaluation
+  saved_at = start if restored is not None else -1
+  kill = str(t.debug_kill)
+
+  def save(step: int, metrics: dict) -> None:
+    nonlocal saved_at
+    ckpt.save(step, state, metrics)
+    saved_at = step
+    _debug_kill(kill, "in_save", step)
+    if kill == f"after_save:{step}":
+      ckpt.wait()
+      _debug_kill(kill, "after_save", step)
+
+  def run_eval(step: int) -> dict:
+    nonlocal evaluator
+    if evaluator is None:
+      evaluator = evaluation.Evaluator(config, task, batch_sharding)
+    metrics, rows = evaluator.evaluate(state.params)
+    last_eval[:] = [step, rows]
+    writer.write(step, "eval", metrics)
+    logging.info("eval step %d: %s", step, ", ".join(
+        f"{k}={v:.4g}" for k, v in metrics.items() if "/" not in k))
+    return metrics, rows
+
+  with sharding_lib.mesh_context(mesh), nn.logical_axis_rules(rules), \
+      ckpt_lib.PreemptionHandler() as preempt:
+    tic, tic_step = time.time(), start
+    for step in range(start + 1, num_steps + 1):
+      batch = sharding_lib.shard_batch(task_lib.train_batch(task, step - 1, int(t.batch_size)),
+                                       batch_sharding)
+      state, metrics = train_step(state, batch, train_rng)
+      if not bool(jax.device_get(metrics["finite"])):
+        host = _host(metrics)
+        writer.write(step, "train", host)
+        msg = (f"non-finite loss or gradient at step {step} (loss={float(host['loss'])}, "
+               f"grad_norm={float(host['grad_norm'])}); stopping without checkpointing it")
+        ckpt.wait()
+        ckpt_lib.write_status(workdir, "diverged", step, msg)
+        writer.close()
+        logging.error(msg)
+        raise Diverged(step, msg)
+      _debug_kill(kill, "after_step", step)
+      _debug_kill(kill, "sigterm", step)
+      if step % int(t.log_every) == 0 or step == start + 1 or step == num_steps:
+        last_train = _host(metrics)
+        now = time.time()
+        perf = {"perf/steps_per_sec": (step - tic_step) / max(now - tic, 1e-9)}
+        tic, tic_step = now, step
+        writer.write(step, "train", {**last_train, **perf})
+        logging.info("step %d/%d loss=%.4f task_nll=%.4f grad_norm=%.3g (%.1f steps/s)", step,
+                     num_steps, float(last_train["loss"]), float(last_train["task_nll"]),
+                     float(last_train["grad_norm"]), perf["perf/steps_per_sec"])
+      evaluated = {}
+      if int(t.eval_every) and (step % int(t.eval_every) == 0 or step == num_steps):
+        eval_metrics, _ = run_eval(step)
+        evaluated = eval_metrics
+      if step % int(t.checkpoint_every) == 0 or step == num_steps:
+        save(step, evaluated)
+      if preempt.should_stop():
+        if saved_at != step:
+          save(step, evaluated)
+        ckpt.close()
+        ckpt_lib.write_status(workdir, "preempted", step,
+                              f"signal {preempt.requested}; checkpoint saved at step {step}")
+        writer.close()
+        raise Preempted(step, preempt.requested or 0)
+
+    final_step = max(start, num_steps)
+    if saved_at != final_step:
+      save(final_step, eval_metrics)
+    ckpt.close()
+    result = {"step": final_step, "train": {k: float(v) for k, v in last_train.items()},
+              "eval": eval_metrics}
+    if int(t.eval_every):
+      if last_eval[0] != final_step:
+        eval_metrics, _ = run_eval(final_step)
+      result["eval"] = eval_metrics
+      result["final_eval"] = evaluator.final_summary(last_eval[1])
+      if jax.process_index() == 0:
+        ckpt_lib.write_json_atomic(os.path.join(workdir, "eval_final.json"),
+                                   {"step": final_step, "periodic": eval_metrics,
+                                    "summary": result["final_eval"]})
+  writer.close()
+  ckpt_lib.write_status(workdir, "completed", final_step)
+  return result
+
+
+
+def load_trained_params(config: Any, workdir: str, *, model: nn.Module | None = None) -> dict:
+  """Model variables {'params': ...} (host numpy) of the newest valid checkpoint in
+  `workdir` (a run of `config`); CheckpointError if there is none."""
+  config_lib.validate(config, jax.device_count())
+  task = task_lib.build_task(config, model)
+  mesh = sharding_lib.make_mesh(config.sharding)
+  rules = sharding_lib.rules(config.sharding)
+  tx = state_lib.make_optimizer(config.train)
+  init_fn = state_lib.boxed_init_fn(task.model, tx, task.dummy_inputs)
+  abstract, _ = sharding_lib.state_layout(init_fn, jax.random.PRNGKey(0), mesh, rules)
+  best_metric = str(config.eval.best_metric)
+  ckpt = ckpt_lib.Checkpointer(workdir, keep_latest=int(config.train.keep_latest),
+                               keep_best=int(config.train.keep_best), best_metric=best_metric,
+                               best_mode=config_lib.BEST_METRICS[best_metric])
+  try:
+    restored = ckpt.restore(abstract)
+  finally:
+    ckpt.manager.close()
+  if restored is None:
+    raise ckpt_lib.CheckpointError(f"no checkpoint in {workdir}")
+  return {"params": jax.device_get(restored[0].params)}

@@ -1,0 +1,159 @@
+"""Device mesh, logical-axis rules and shardings (big_vision / flax lm1b style).
+
+The mesh comes from `config.sharding` (`mesh_shape`, -1 = all remaining
+devices; `mesh_axes`); model code names logical axes only (docs/conventions.md
+§4) and `config.sharding.logical_axis_rules` maps them to mesh axes. Parameters
+and optimizer state are initialised under `jax.jit(..., out_shardings=...)`
+with the shardings derived from `jax.eval_shape` of the boxed (logically
+partitioned) initialiser, so no array is ever materialised unsharded.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from absl import logging
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# Environment variables whose presence means "this is one process of several".
+_MULTIHOST_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS",
+                  "MEGASCALE_COORDINATOR_ADDRESS")
+
+
+def maybe_initialize_distributed() -> bool:
+  """`jax.distributed.initialize()` when multi-host environment variables are set.
+
+  Recognised: JAX_COORDINATOR_ADDRESS (+ JAX_NUM_PROCESSES, JAX_PROCESS_ID),
+  SLURM / Open MPI launches with more than one task, Cloud TPU multi-worker
+  slices. Returns whether it initialised. Call before any other JAX use.
+  """
+  multi = any(os.environ.get(k) for k in _MULTIHOST_ENV)
+  multi |= int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
+  multi |= int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1
+  multi |= len(os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",")) > 1
+  if not multi:
+    return False
+  kwargs = {}
+  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    kwargs = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+                  num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                  process_id=int(os.environ["JAX_PROCESS_ID"]))
+  jax.distributed.initialize(**kwargs)
+  logging.info("jax.distributed initialised: process %d of %d", jax.process_index(),
+               jax.process_count())
+  return True
+
+
+def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+  """Replace the (single) -1 by the remaining devices; ValueError if it cannot fit."""
+  shape = [int(s) for s in mesh_shape]
+  known = math.prod(s for s in shape if s != -1)
+  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+    raise ValueError(f"sharding.mesh_shape must hold positive sizes and at most one -1, "
+                     f"got {tuple(mesh_shape)}")
+  if num_devices % known:
+    raise ValueError(f"sharding.mesh_shape {tuple(mesh_shape)} does not divide the device "
+                     f"count {num_devices}")
+  if -1 in shape:
+    shape[shape.index(-1)] = num_devices // known
+  elif known != num_devices:
+    raise ValueError(f"sharding.mesh_shape {tuple(mesh_shape)} uses {known} devices, but "
+                     f"{num_devices} are present (use -1 for 'all remaining')")
+  return tuple(shape)
+
+
+def make_mesh(sharding_cfg: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  devices = list(jax.devices() if devices is None else devices)
+  shape = resolve_mesh_shape(sharding_cfg.mesh_shape, len(devices))
+  try:
+    grid = mesh_utils.create_device_mesh(shape, devices=devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    grid = np.asarray(devices).reshape(shape)
+  return Mesh(grid, tuple(sharding_cfg.mesh_axes))
+
+
+def rules(sharding_cfg: Any) -> tuple[tuple[str, Any], ...]:
+  return tuple((str(a), b if b is None or isinstance(b, str) else tuple(b))
+               for a, b in sharding_cfg.logical_axis_rules)
+
+
+def batch_axes(sharding_cfg: Any) -> tuple[str, ...]:
+  """Mesh axes that the logical 'batch' axis is split over."""
+  for name, target in rules(sharding_cfg):
+    if name == "batch":
+      if target is None:
+        return ()
+      return (target,) if isinstance(target, str) else tuple(target)
+  return ()
+
+
+def batch_shards(sharding_cfg: Any, mesh: Mesh) -> int:
+  return math.prod(mesh.shape[a] for a in batch_axes(sharding_cfg))
+
+
+def batch_sharding(sharding_cfg: Any, mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dimension split over the batch mesh axes, rest replicated."""
+  axes = batch_axes(sharding_cfg)
+  spec = PartitionSpec(axes if len(axes) > 1 else (axes[0] if axes else None))
+  return NamedSharding(mesh, spec)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def shard_batch(tree: Any, sharding: NamedSharding) -> Any:
+  """Place a host/global batch (identical on every process) onto the mesh."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+  host = jax.device_get(tree)
+  return jax.tree.map(lambda x: jax.make_array_from_callback(
+      x.shape, sharding, lambda idx: x[idx]), host)
+
+
+def state_layout(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, mesh: Mesh,
+                 axis_rules: Sequence[tuple[str, Any]]) -> tuple[Any, Any]:
+  """(abstract, shardings) of the unboxed state that `boxed_init(rng)` builds.
+
+  `boxed_init` returns a pytree whose leaves may be `nn.LogicallyPartitioned`;
+  named leaves are laid out by the logical axis rules, unnamed ones replicated.
+  `abstract` is a jax.ShapeDtypeStruct tree carrying the shardings (for restore).
+  """
+  boxed = jax.eval_shape(boxed_init, rng)
+  specs = nn.get_partition_spec(boxed)
+  shardings = nn.logical_to_mesh_sharding(specs, mesh, axis_rules)
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          nn.meta.unbox(boxed), shardings)
+  return abstract, shardings
+
+
+def init_sharded(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, shardings: Any,
+                 mesh: Mesh, axis_rules: Sequence[tuple[str, Any]]) -> Any:
+  """The unboxed state, computed directly in its sharded layout.
+
+  Traced without a current mesh: the layout comes from `out_shardings` (flax's
+  DenseGeneral constrains its flat kernel with the full-rank names during init,
+  which fails under a mesh).
+  """
+  del mesh, axis_rules
+  init = jax.jit(lambda r: nn.meta.unbox(boxed_init(r)), out_shardings=shardings)
+  return init(rng)
+
+
+def mesh_context(mesh: Mesh):
+  """The context under which the model is traced.
+
+  Not `jax.set_mesh(mesh)`: with a current mesh, flax 0.12's DenseGeneral
+  checks a parameter's shape by tracing its initialiser, which constrains the
+  flat kernel with the full-rank logical names and fails. Without it the
+  activation constraints are inert and the layout follows from the sharded
+  parameters and batch (jit in/out shardings), which GSPMD propagates.
+  """
+  del mesh
+  return contextlib.nullcontext()
