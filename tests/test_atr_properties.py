@@ -20,7 +20,7 @@ SAME_KEY, SAME_ID = int(LineKind.HARD_SAME_KEY), int(LineKind.HARD_SAME_ID)
 pytestmark = pytest.mark.parametrize("name", sorted(ATR_CONFIGS))
 
 
-def _parsed(cfg, batch):
+def parsed(cfg, batch):
   """(queries [B] dicts, lines [B][L] dicts) parsed from text."""
   vocab = cfg.vocab
   queries = [render_text.parse_query_text(vocab.decode(q)) for q in batch.query]
@@ -29,7 +29,7 @@ def _parsed(cfg, batch):
   return queries, lines
 
 
-def _matches_query(cfg, query, line) -> bool:
+def matches_query(cfg, query, line) -> bool:
   """The line names the query's two given fields (ID and KEY, or ID and VALUE)."""
   if line["format"] == "filler" or line["id"] != query["id"]:
     return False
@@ -63,11 +63,11 @@ def test_exactly_one_evidence_line_and_answer_recovered(name, atr_data):
   it recovers the gold answer; masks and kinds point at it."""
   cfg = ATR_CONFIGS[name]
   b = atr_data(cfg, NUM)
-  queries, lines = _parsed(cfg, b)
+  queries, lines = parsed(cfg, b)
   answers = [cfg.vocab.decode(a) for a in b.answer]
   pos = render_text.line_positions(b.line_ids[0], cfg.num_lines)
   for r in range(NUM):
-    hits = [s for s, line in enumerate(lines[r]) if _matches_query(cfg, queries[r], line)]
+    hits = [s for s, line in enumerate(lines[r]) if matches_query(cfg, queries[r], line)]
     assert len(hits) == int(b.has_evidence[r]), (r, hits)
     np.testing.assert_array_equal(b.line_kind[r] == EV, np.isin(np.arange(cfg.num_lines), hits))
     if not hits:
@@ -85,12 +85,12 @@ def test_exactly_one_evidence_line_and_answer_recovered(name, atr_data):
     assert cfg.vocab.decode(b.context[r][b.value_mask[r]]) == answers[r]
 
 
-def test_line_kinds_match_line_content(name, atr_data):
-  """Filler / distractor / hard negatives are what their kind says; masks agree."""
-  cfg = ATR_CONFIGS[name]
-  b = atr_data(cfg, NUM)
-  queries, lines = _parsed(cfg, b)
-  for r in range(NUM):
+def check_kinds_match_content(cfg, b, queries=None, lines=None):
+  """Filler / distractor / hard-negative lines are what their kind says; the
+  distractor and hard-negative masks are the tokens of those lines."""
+  if lines is None:
+    queries, lines = parsed(cfg, b)
+  for r in range(b.batch_size):
     q = queries[r]
     for slot, line in enumerate(lines[r]):
       kind = b.line_kind[r, slot]
@@ -101,10 +101,15 @@ def test_line_kinds_match_line_content(name, atr_data):
       assert (same_id, same_second) == {DIS: (False, False), SAME_ID: (True, False),
                                         SAME_KEY: (False, True)}[kind], (r, slot, kind)
   pos = render_text.line_positions(b.line_ids[0], cfg.num_lines)
-  token_kind = np.full((NUM, cfg.context_len), -1)
+  token_kind = np.full(b.context.shape, -1)
   token_kind[:, pos] = b.line_kind[:, :, None]
   np.testing.assert_array_equal(b.distractor_mask, token_kind == DIS)
   np.testing.assert_array_equal(b.hard_negative_mask, np.isin(token_kind, [SAME_KEY, SAME_ID]))
+
+
+def test_line_kinds_match_line_content(name, atr_data):
+  cfg = ATR_CONFIGS[name]
+  check_kinds_match_content(cfg, atr_data(cfg, NUM))
 
 
 def _within_3_sigma(count: int, trials: int, p: float) -> bool:
