@@ -71,6 +71,15 @@ class FactTokenizer:
   def from_dir(cls, root: pathlib.Path = storage.SHIPPED_DIR) -> "FactTokenizer":
     return cls(storage.read_gz_text(root / storage.TOKENIZER_FILE))
 
+  @property
+  def size(self) -> int:
+    """Vocabulary size (the model's embedding rows)."""
+    return self.vocab_size
+
+  @property
+  def pad(self) -> int:
+    return PAD
+
   def encode(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids if text else []
 
