@@ -19,17 +19,12 @@ from ceu_jax.engine import Probes, Site
 from ceu_jax.scores import gold_loglik
 
 try:
-  from tests.test_engine_toys import make
+  from tests.test_engine_toys import make, toy
 except ImportError:  # tests/ not a package
-  from test_engine_toys import make
+  from test_engine_toys import make, toy
 
 SITE = Site("block_1/retrieval")
 B, N, T, PORTS = 3, 8, 5, 2
-
-
-@functools.lru_cache(maxsize=None)
-def toy(port="attn", layers=2):
-  return make(port, layers=layers)
 
 
 def _span_probes(seed, k=3):
@@ -77,11 +72,14 @@ def test_prefix_runs_once_whatever_the_number_of_chunks():
                      _span_probes(0, k), chunk_size=2, **kw)
     jax.block_until_ready(r.L_int)
     jax.effects_barrier()
-    return calls[0]
+    return calls[0], r
 
-  one_chunk = executions(2)
-  assert executions(6) == one_chunk        # 3 chunks, prefix hoisted out
-  assert executions(6, hoist=False) > one_chunk
+  one_chunk, _ = executions(2)
+  hoisted, r = executions(6)               # 3 chunks (one padded)
+  assert hoisted == one_chunk              # the prefix ran once, not per chunk
+  looped, r_plain = executions(6, hoist=False)
+  assert looped > one_chunk
+  np.testing.assert_allclose(r.L_int, r_plain.L_int, atol=1e-5)
 
 
 # ------------------------------------------------------------------- errors
@@ -109,15 +107,14 @@ def test_approximate_span_needs_explicit_permission():
   _, v, clean, corrupt, ll, _ = toy("memory")
   with pytest.raises(engine.SpanUnsupportedError, match="allow_approximate"):
     engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0))
-  r = engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0),
+  r = engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0, 2),
                    allow_approximate=True)
   assert r.approximate
   # Port-restricted patches at a memory port are exact: all ports == full.
-  both = engine.audit(ll, v, clean, corrupt, SITE,
-                      Probes(ports=jnp.ones((1, PORTS), bool)))
-  full = engine.audit(ll, v, clean, corrupt, SITE)
-  np.testing.assert_allclose(both.L_int, full.L_int, atol=1e-5)
-  assert not full.approximate
+  both, full = jax.jit(lambda v: [engine.intervened_logliks(
+      ll, v, clean, corrupt, SITE, p) for p in (
+          Probes(ports=jnp.ones((1, PORTS), bool)), Probes())])(v)
+  np.testing.assert_allclose(both, full, atol=1e-5)
 
 
 @pytest.mark.parametrize("probes, field", [
@@ -256,9 +253,10 @@ def test_nominate_by_query_overlap_and_passage():
 
 def test_nominate_by_attention_mass():
   model, v, clean, _, ll, _ = toy()
-  got = engine.by_attention(ll, v, clean, SITE, 2, position=2)
+  got, mass = jax.jit(lambda v: (
+      engine.by_attention(ll, v, clean, SITE, 2, position=2),
+      engine.attention_mass(ll, v, clean, SITE)))(v)       # mass [B, T, N]
   assert got.shape == (B, N) and (np.asarray(got).sum(1) == 2).all()
-  mass = engine.attention_mass(ll, v, clean, SITE)          # [B, T, N]
   np.testing.assert_allclose(mass.sum(-1), PORTS, atol=1e-5)
   top = np.argsort(-np.asarray(mass[:, 2]), axis=1)[:, :2]
   for b in range(B):

@@ -16,17 +16,12 @@ import pytest
 from ceu_jax import engine
 from ceu_jax.engine import Probes, Site
 try:
-  from tests.test_engine_toys import make, reference_logliks
+  from tests.test_engine_toys import make, reference_logliks, toy
 except ImportError:  # tests/ not a package
-  from test_engine_toys import make, reference_logliks
+  from test_engine_toys import make, reference_logliks, toy
 
 TOL = 1e-5
 SITE = Site("block_1/retrieval")
-
-
-@functools.lru_cache(maxsize=None)
-def toy(port):
-  return make(port)
 
 
 def _identity_logliks(port):
@@ -36,8 +31,6 @@ def _identity_logliks(port):
   b = clean[1].shape[0]
   ev = jnp.zeros((b, n), bool).at[:, 2:5].set(True)
   spans = Probes(span=jnp.stack([jnp.ones_like(ev), jnp.zeros_like(ev), ev]))
-  p = toy(port)[1]["params"]["block_1"]["retrieval"]
-  del p
   ports_all = Probes(ports=jnp.ones((1, 2), bool),
                      positions=jnp.ones((1, 5), bool))
 
@@ -176,7 +169,3 @@ def test_engine_matches_python_loop_reference(port):
                              span=probes.span[k], ports=probes.ports[k],
                              positions=probes.positions[k])
     np.testing.assert_allclose(got.L_int[k], want, atol=TOL)
-  if port == "attn":                  # the same without prefix hoisting
-    plain = engine.audit(ll, v, clean, corrupt, SITE, probes, chunk_size=2,
-                         hoist=False)
-    np.testing.assert_allclose(plain.L_int, got.L_int, atol=TOL)

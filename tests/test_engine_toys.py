@@ -17,6 +17,7 @@ reference: override[l](h, read_S) -> (h', record) with read_S(span) = Π_S h.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -24,7 +25,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ceu_jax.scores import gold_loglik, token_logliks
+
+def token_logliks(logits: jax.Array, answer: jax.Array) -> jax.Array:
+  """log p(y*_i) [B, A] in the logits' dtype (float64 in the gradient test)."""
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return jnp.take_along_axis(logp, answer[..., None], axis=-1)[..., 0]
+
+
+def gold_loglik(logits: jax.Array, answer: jax.Array) -> jax.Array:
+  return token_logliks(logits, answer).sum(-1)
+
 
 V, D, P, H = 13, 16, 2, 4
 
@@ -166,8 +176,11 @@ def make(port="attn", layers=2, b=3, q=3, n=8, a=2, seed=0, **kw):
   query, context, answer = (jnp.asarray(rng.integers(1, V, s), jnp.int32)
                             for s in ((b, q), (b, n), (b, a)))
   changed = rng.random((b, n)) < 0.4
-  corrupt_ctx = jnp.asarray(np.where(changed, rng.integers(1, V, (b, n)),
-                                     np.asarray(context)), jnp.int32)
+  changed[:, [1, n // 2]] = True           # every example is corrupted
+  shift = rng.integers(1, V - 1, (b, n))   # a different token where changed
+  ctx = np.asarray(context)
+  corrupt_ctx = jnp.asarray(
+      np.where(changed, 1 + (ctx - 1 + shift) % (V - 1), ctx), jnp.int32)
   # Sharpened weights (×2) so that corruption gaps are not tiny.
   variables = jax.jit(lambda *a: jax.tree.map(lambda w: 2.0 * w, model.init(*a)))(
       jax.random.key(seed + 1), query, context, answer)
@@ -183,9 +196,17 @@ def make(port="attn", layers=2, b=3, q=3, n=8, a=2, seed=0, **kw):
   return model, variables, clean, corrupt, loglik_fn, token_loglik_fn
 
 
+@functools.lru_cache(maxsize=None)
+def toy(port="attn", layers=2):
+  """`make` cached per process, so that test modules share compilations."""
+  return make(port, layers=layers)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
 def reference_logliks(model, variables, clean, corrupt, layer, span=None,
                       ports=None, positions=None):
-  """One probe by the hand-written path in `ToyReader.run` (no interceptors)."""
+  """One probe by the hand-written path in `ToyReader.run` (no interceptors,
+  no vmap: call it once per probe)."""
   def rec(h, read_s):
     return h, (h if span is None else read_s(span))
 

@@ -36,12 +36,16 @@ except ImportError:  # pragma: no cover
 
 
 def one_probe(loglik_fn: LoglikFn, site: Site, variables: Any, clean: Any,
-              corrupt: Any, probe: Probes, allow_approximate: bool = False
-              ) -> jax.Array:
-  """L_int for a single probe (masks without the K axis). Pure."""
+              corrupt: Any, probe: Probes, allow_approximate: bool = False,
+              clean_grad: bool = True) -> jax.Array:
+  """L_int for a single probe (masks without the K axis). Pure.
+
+  ``clean_grad=False`` stops gradients through the recorded clean value.
+  """
   _, rec = record(loglik_fn, variables, clean, site, span_mask=probe.span,
                   allow_approximate=allow_approximate)
-  return patch(loglik_fn, variables, corrupt, site, rec[site],
+  value = rec[site] if clean_grad else jax.lax.stop_gradient(rec[site])
+  return patch(loglik_fn, variables, corrupt, site, value,
                span_mask=probe.span, port_mask=probe.ports,
                position_mask=probe.positions,
                allow_approximate=allow_approximate)
@@ -105,12 +109,18 @@ def map_probes(fn: Callable[[Any, Probes], Any], consts: Any, probes: Probes,
 def intervened_logliks(loglik_fn: LoglikFn, variables: Any, clean: Any,
                        corrupt: Any, site: Site | str, probes: Probes, *,
                        chunk_size: int = 16, allow_approximate: bool = False,
-                       hoist: bool = True) -> jax.Array:
-  """L_int [K, B(, A)] for every probe. Pure; use inside jit/grad."""
+                       hoist: bool = True, clean_grad: bool = True
+                       ) -> jax.Array:
+  """L_int [K, B(, A)] for every probe. Pure; use inside jit/grad.
+
+  ``clean_grad=False`` puts the clean recording under stop-gradient (only
+  the intervened runs carry gradients).
+  """
   site = as_site(site)
   probes = probes.validate()
   one = functools.partial(one_probe, loglik_fn, site,
-                          allow_approximate=allow_approximate)
+                          allow_approximate=allow_approximate,
+                          clean_grad=clean_grad)
   if all(m is None for m in (probes.span, probes.ports, probes.positions)):
     return one(variables, clean, corrupt, probes)[None]
 
@@ -196,7 +206,8 @@ def _audit_jit(loglik_fn, site, variables, clean, corrupt, probes, eps, *,
   L_int = intervened_logliks(loglik_fn, variables, clean, corrupt, site,
                              probes, chunk_size=chunk_size,
                              allow_approximate=allow_approximate, hoist=hoist)
-  return L_plus, L_minus, L_int
+  names = probes.names or tuple(f"probe_{i}" for i in range(L_int.shape[0]))
+  return from_logliks(L_plus, L_minus, L_int, eps, names, str(site))
 
 
 def audit(loglik_fn: LoglikFn, variables: Any, clean_inputs: Any,
@@ -216,14 +227,12 @@ def audit(loglik_fn: LoglikFn, variables: Any, clean_inputs: Any,
   """
   site = as_site(site)
   probes = Probes(names=("full",)) if probes is None else probes.validate()
-  L_plus, L_minus, L_int = _audit_jit(
-      loglik_fn, site, variables, clean_inputs, corrupt_inputs, probes,
-      jnp.asarray(eps), chunk_size=chunk_size,
-      allow_approximate=allow_approximate, hoist=hoist)
+  result = _audit_jit(
+      loglik_fn, site, variables, clean_inputs, corrupt_inputs, probes, eps,
+      chunk_size=chunk_size, allow_approximate=allow_approximate, hoist=hoist)
   approx = (probes.span is not None
             and _SPAN_KINDS.get((loglik_fn, site)) == APPROXIMATE)
-  names = probes.names or tuple(f"probe_{i}" for i in range(L_int.shape[0]))
-  return from_logliks(L_plus, L_minus, L_int, eps, names, str(site), approx)
+  return result.replace(approximate=approx)
 
 
 @flax.struct.dataclass
