@@ -31,6 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.eval_every = c.train.num_steps                # one evaluation, at the end
   c.train.checkpoint_every = 10 if tiny else 250
   c.eval.num_examples = 64 if tiny else 256
+  c.eval.batch_size = 64                                # divides eval.num_examples
 
   c.grid = g = ml_collections.ConfigDict()
   g.corruption = "value_swap"                 # D− used by the grid's CEU audits
