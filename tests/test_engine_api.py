@@ -6,8 +6,6 @@ positions, A answer tokens.
 """
 from __future__ import annotations
 
-import functools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -307,3 +305,15 @@ def test_scores_flag_degenerate_gaps_instead_of_hiding_them():
   np.testing.assert_allclose(r.delta_of("ev"), [1.0, 0.5, -2.0])
   g = jax.grad(lambda x: engine.ceu_unclipped(x, lp, lm).sum())(li)
   assert np.isfinite(np.asarray(g)).all()
+
+
+def test_docs_example_runs():
+  import pathlib
+  import re
+  text = (pathlib.Path(__file__).parents[1] / "docs" / "engine.md").read_text()
+  code = re.search(r"## Example\n\n```python\n(.*?)```", text, re.S).group(1)
+  ns: dict = {}
+  exec(compile(code, "docs/engine.md", "exec"), ns)  # pylint: disable=exec-used
+  res = ns["res"]
+  assert res.names == ("ev", "control") and res.ceu.shape == (2, 2)
+  np.testing.assert_allclose(res.ceu_of("ev")[0], 1.0, atol=1e-5)

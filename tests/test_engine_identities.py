@@ -16,9 +16,9 @@ import pytest
 from ceu_jax import engine
 from ceu_jax.engine import Probes, Site
 try:
-  from tests.test_engine_toys import make, reference_logliks, toy
+  from tests.test_engine_toys import reference_logliks, toy
 except ImportError:  # tests/ not a package
-  from test_engine_toys import make, reference_logliks, toy
+  from test_engine_toys import reference_logliks, toy
 
 TOL = 1e-5
 SITE = Site("block_1/retrieval")

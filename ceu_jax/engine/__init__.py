@@ -7,38 +7,41 @@ patches it (fully, by token span through the port's own decomposition Π_S, by
 port, by reader position) into the run on D−, for a whole probe set in one
 compiled call. See docs/engine.md for the contract and a worked example.
 
-Example (a toy model with one exact cross-attention read port)::
+Example (a toy model with one exact cross-attention read port; the same
+example, explained, is in docs/engine.md)::
 
   import flax.linen as nn, jax, jax.numpy as jnp
   from ceu_jax import engine
 
   class Port(nn.Module):
-    span_decomposition = 'exact'       # Π_S h + Π_S̄ h = h
+    span_decomposition = 'exact'                  # Π_S h + Π_S̄ h = h
+
     @nn.compact
-    def read(self, x, ctx, span_mask=None):          # -> [B, T, P=1, D]
-      a = jax.nn.softmax(jnp.einsum('btd,bnd->btn', x, ctx), -1)
+    def read(self, x, ctx, span_mask=None):       # -> h [B, T, P=1, D]
+      a = jax.nn.softmax(jnp.einsum('btd,bnd->btn', x, ctx), axis=-1)
       v = ctx if span_mask is None else ctx * span_mask[..., None]
       return jnp.einsum('btn,bnd->btd', a, v)[:, :, None]
 
   class Model(nn.Module):
     @nn.compact
-    def __call__(self, q, ctx):                      # q [B,T,D], ctx [B,N,D]
-      h = Port(name='retrieval').read(q, ctx)
-      return nn.Dense(5)(h[:, -1, 0])                # logits [B, 5]
+    def __call__(self, x, ctx):                   # x [B, T, D], ctx [B, N, D]
+      h = Port(name='retrieval').read(x, ctx)
+      return nn.Dense(5)(h[:, -1, 0])             # logits [B, 5]
 
   model = Model()
-  q, ctx_pos = jnp.ones((2, 3, 4)), jax.random.normal(jax.random.key(0), (2, 6, 4))
-  ctx_neg = ctx_pos.at[:, 2].set(0.0)                # corrupt token 2
-  variables = model.init(jax.random.key(1), q, ctx_pos)
+  x = jax.random.normal(jax.random.key(0), (2, 3, 4))
+  ctx_pos = jax.random.normal(jax.random.key(1), (2, 6, 4))
+  ctx_neg = ctx_pos.at[:, 2].set(-3.0 * ctx_pos[:, 2])   # corrupt token 2
+  variables = model.init(jax.random.key(2), x, ctx_pos)
   gold = jnp.array([1, 3])
 
-  def loglik_fn(v, inputs):
-    logits = model.apply(v, *inputs)
-    return jax.nn.log_softmax(logits)[jnp.arange(2), gold]
+  def loglik_fn(v, inputs):                       # gold log-likelihood [B]
+    logp = jax.nn.log_softmax(model.apply(v, *inputs))
+    return logp[jnp.arange(2), gold]
 
   evidence = jnp.zeros((2, 6), bool).at[:, 2].set(True)
-  probes = engine.evidence_probes(evidence, control_key=jax.random.key(2))
-  res = engine.audit(loglik_fn, variables, (q, ctx_pos), (q, ctx_neg),
+  probes = engine.evidence_probes(evidence, control_key=jax.random.key(3))
+  res = engine.audit(loglik_fn, variables, (x, ctx_pos), (x, ctx_neg),
                      engine.Site('retrieval'), probes)
   res.ceu_of('ev'), res.ceu_of('control'), res.degenerate
 """

@@ -24,9 +24,8 @@ import jax.numpy as jnp
 
 from ceu_jax.engine import scores
 from ceu_jax.engine.probes import Probes
-from ceu_jax.engine.sites import (APPROXIMATE, LoglikFn, MaskShapeError, Site,
-                                  as_site, patch, record, run_hooked,
-                                  span_kind)
+from ceu_jax.engine.sites import (APPROXIMATE, LoglikFn, Site, as_site, patch,
+                                  record, run_hooked, span_kind)
 
 try:  # Loop-invariant hoisting uses JAX's partial evaluation (internal API).
   from jax._src.interpreters import partial_eval as _pe
@@ -145,9 +144,9 @@ class AuditResult:
   n_degenerate: jax.Array
   delta_L: jax.Array
   delta_int: jax.Array
+  approximate: jax.Array      # [] bool: span patches at an approximate port
   names: tuple[str, ...] = flax.struct.field(pytree_node=False, default=())
   site: str = flax.struct.field(pytree_node=False, default="")
-  approximate: bool = flax.struct.field(pytree_node=False, default=False)
 
   def row(self, field: str, name: str) -> jax.Array:
     """One probe's row of a [K, ...] field, by probe name (e.g. 'ev')."""
@@ -182,32 +181,32 @@ def from_logliks(L_plus: jax.Array, L_minus: jax.Array, L_int: jax.Array,
       degenerate=deg, n_degenerate=deg.sum(),
       delta_L=scores.delta_L(L_plus, L_minus),
       delta_int=scores.delta_int(L_int, L_minus),
-      names=tuple(names), site=site, approximate=approximate)
-
-
-# (loglik_fn, site) -> the port's span_decomposition, noted while tracing.
-_SPAN_KINDS: dict = {}
+      approximate=jnp.asarray(approximate), names=tuple(names), site=site)
 
 
 def _observed_loglik(loglik_fn, site, variables, inputs):
-  """loglik_fn with the site checked for existence and its kind noted."""
+  """(loglik, the port's span_decomposition); checks that the site exists."""
+  kind = []
+
   def action(next_fun, args, kwargs, module):
-    _SPAN_KINDS[(loglik_fn, site)] = span_kind(module)
+    kind.append(span_kind(module))
     return next_fun(*args, **kwargs)
-  return run_hooked(loglik_fn, variables, inputs, {site: action})
+  out = run_hooked(loglik_fn, variables, inputs, {site: action})
+  return out, kind[0]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1),
                    static_argnames=("chunk_size", "allow_approximate", "hoist"))
 def _audit_jit(loglik_fn, site, variables, clean, corrupt, probes, eps, *,
                chunk_size, allow_approximate, hoist):
-  L_plus = _observed_loglik(loglik_fn, site, variables, clean)
+  L_plus, kind = _observed_loglik(loglik_fn, site, variables, clean)
   L_minus = loglik_fn(variables, corrupt)
   L_int = intervened_logliks(loglik_fn, variables, clean, corrupt, site,
                              probes, chunk_size=chunk_size,
                              allow_approximate=allow_approximate, hoist=hoist)
   names = probes.names or tuple(f"probe_{i}" for i in range(L_int.shape[0]))
-  return from_logliks(L_plus, L_minus, L_int, eps, names, str(site))
+  approx = probes.span is not None and kind == APPROXIMATE
+  return from_logliks(L_plus, L_minus, L_int, eps, names, str(site), approx)
 
 
 def audit(loglik_fn: LoglikFn, variables: Any, clean_inputs: Any,
@@ -227,12 +226,9 @@ def audit(loglik_fn: LoglikFn, variables: Any, clean_inputs: Any,
   """
   site = as_site(site)
   probes = Probes(names=("full",)) if probes is None else probes.validate()
-  result = _audit_jit(
+  return _audit_jit(
       loglik_fn, site, variables, clean_inputs, corrupt_inputs, probes, eps,
       chunk_size=chunk_size, allow_approximate=allow_approximate, hoist=hoist)
-  approx = (probes.span is not None
-            and _SPAN_KINDS.get((loglik_fn, site)) == APPROXIMATE)
-  return result.replace(approximate=approx)
 
 
 @flax.struct.dataclass
