@@ -30,6 +30,7 @@ class AttentionEncoder(nn.Module):
     n = context.shape[1]
     x = embed(context) + layers.sinusoid_positions(n, s.embed_dim)[None].astype(s.compute_dtype)
     x = layers.constrain(x, ("batch", "ctx", "embed"))
+    x = layers.LocalMixer(s.mixer_width, s.compute_dtype, name="local_mixer")(x)
     ctx_mask = context != 0
     mask = ctx_mask[:, None, None, :]
     for i in range(s.enc_layers):

@@ -148,6 +148,30 @@ class TransformerBlock(nn.Module):
     return constrain(x, ("batch", "ctx", "embed"))
 
 
+class LocalMixer(nn.Module):
+  """Residual depthwise causal convolution: x_j + Σ_w k_w ⊙ x_{j-w} (w < width).
+
+  With `segments` [b, l], taps never cross a segment boundary (passage-wise encoders).
+  Gives every token its line's preceding tokens (e.g. the value token its ID and KEY).
+  """
+  width: int = 7  # taps
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+    e = x.shape[-1]
+    taps = self.param("taps", logical(nn.initializers.normal(0.1), (None, "embed")),
+                      (self.width, e))
+    out = jnp.zeros_like(x)
+    for w in range(self.width):
+      shifted = jnp.pad(x, ((0, 0), (w, 0), (0, 0)))[:, : x.shape[1]]
+      if segments is not None:
+        seg = jnp.pad(segments, ((0, 0), (w, 0)), constant_values=-1)[:, : x.shape[1]]
+        shifted = shifted * (seg == segments)[..., None].astype(x.dtype)
+      out = out + shifted * taps[w].astype(x.dtype)
+    return x + out
+
+
 def causal_mask(length: int) -> jax.Array:
   """[1, 1, t, t] lower-triangular mask."""
   return jnp.tril(jnp.ones((length, length), bool))[None, None]

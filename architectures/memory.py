@@ -36,6 +36,7 @@ class PassageEncoder(nn.Module):
     s = self.spec
     n = context.shape[1]
     x = embed(context) + layers.sinusoid_positions(n, s.embed_dim)[None].astype(s.compute_dtype)
+    x = layers.LocalMixer(s.mixer_width, s.compute_dtype, name="local_mixer")(x, passage_ids)
     same = passage_ids[:, :, None] == passage_ids[:, None, :]
     mask = (same & (context != 0)[:, None, :])[:, None]
     for i in range(s.enc_layers):

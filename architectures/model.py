@@ -9,6 +9,7 @@ logits [b, a, v]; logits[:, i] predicts answer[:, i] from the query, the context
 and answer[:, :i] (docs/conventions.md §2). Module tree:
   embed                          shared token table (tied output logits)
   context_encoder                family-specific (attention / ssm / memory_port)
+  reader/local_mixer             depthwise causal conv (gathers the query's ID and KEY)
   reader/block_{i}/self_attn     causal self-attention over the reader sequence
   reader/block_{i}/retrieval     the read port (method `read`) at retrieval layers
   reader/block_{i}/mlp
@@ -65,6 +66,7 @@ class Reader(nn.Module):
                        layers.logical(nn.initializers.normal(0.02), ("embed",)), (s.embed_dim,))
       x = jnp.concatenate([embed(context) + seg.astype(x.dtype), x], axis=1)
     x = x + layers.sinusoid_positions(x.shape[1], s.embed_dim)[None].astype(x.dtype)
+    x = layers.LocalMixer(s.mixer_width, s.compute_dtype, name="local_mixer")(x)
     x = layers.constrain(x, ("batch", "length", "embed"))
     for i in range(s.reader_layers):
       x = ReaderBlock(s, i in s.retrieval_layers, name=f"block_{i}")(x, memory)

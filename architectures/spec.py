@@ -56,7 +56,8 @@ class ArchSpec:
   # ssm: inner channels x state size, conv width, scan implementation.
   ssm_inner: int = 64
   ssm_state: int = 8
-  ssm_conv: int = 6
+  ssm_conv: int = 4
+  mixer_width: int = 7          # taps of the depthwise causal LocalMixer (reader + encoders)
   ssm_reset_at_passages: bool = True
   scan_impl: str = "associative"
   # memory_port: slots per passage, slot width.
@@ -99,7 +100,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "p1500k": dict(
         reader=dict(embed_dim=160, reader_layers=3, reader_heads=8, reader_mlp_dim=640),
         attention=dict(enc_layers=2, enc_mlp_dim=160, read_heads=8, read_head_dim=40),
-        ssm=dict(enc_layers=2, ssm_inner=240, ssm_state=8),
+        ssm=dict(enc_layers=2, ssm_inner=228, ssm_state=8),
         memory_port=dict(enc_layers=2, enc_mlp_dim=360, mem_dim=80),
     ),
 }

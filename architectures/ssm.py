@@ -130,6 +130,7 @@ class SSMEncoder(nn.Module):
                      (2, s.embed_dim))
     x = jnp.concatenate([embed(query) + seg[0], embed(context) + seg[1]], axis=1)
     x = x.astype(jnp.float32)
+    x = layers.LocalMixer(s.mixer_width, jnp.float32, name="local_mixer")(x)
     for i in range(s.enc_layers):
       x = MambaBlock(s, name=f"block_{i}")(x)
     x = layers.RMSNorm(jnp.float32, name="norm_out")(x)

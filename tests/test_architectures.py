@@ -1,0 +1,310 @@
+"""Architectures (issue #3): parameter match, read ports, Π_S references, validation.
+
+Shape legend: B batch, Q query length, N context length, A answer length,
+T reader positions, P ports, D port features, l scanned length, c channels, s state.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import architectures
+from architectures import ssm
+from architectures.spec import PRESETS
+
+SIZES = dict(vocab_size=60, context_len=32, num_passages=4, query_len=5, answer_len=2)
+
+
+def _model(family, preset="p100k", **cfg):
+  return architectures.build_model(dict(family=family, preset=preset, **cfg), **SIZES)
+
+
+def _inputs(seed=0, batch=3):
+  r = np.random.RandomState(seed)
+  q = r.randint(3, SIZES["vocab_size"], (batch, SIZES["query_len"]))
+  c = r.randint(3, SIZES["vocab_size"], (batch, SIZES["context_len"]))
+  pid = np.repeat(np.arange(SIZES["num_passages"]), SIZES["context_len"] // SIZES["num_passages"])
+  a = r.randint(3, SIZES["vocab_size"], (batch, SIZES["answer_len"]))
+  return (jnp.asarray(q), jnp.asarray(c), jnp.asarray(np.broadcast_to(pid, c.shape)),
+          jnp.asarray(a))
+
+
+def _site_hook(site, fn):
+  """Interceptor running fn(next_fun, args, kwargs) on `site`'s read port."""
+  def interceptor(next_fun, args, kwargs, context):
+    if context.method_name == "read" and "/".join(context.module.path) == site:
+      return fn(next_fun, args, kwargs)
+    return next_fun(*args, **kwargs)
+  return interceptor
+
+
+@pytest.fixture(scope="module")
+def models():
+  out = {}
+  for family in architectures.FAMILIES:
+    model = _model(family)
+    out[family] = (model, architectures.init_params(model, jax.random.PRNGKey(0)))
+  return out
+
+
+# 1. Parameter match -----------------------------------------------------------
+
+def test_presets_parameter_matched_within_3_percent():
+  table = architectures.param_table()  # reference ATR sizes
+  targets = {"p100k": 1e5, "p400k": 4e5, "p1500k": 1.5e6}
+  for preset, counts in table.items():
+    ref = counts["attention"]
+    for family, n in counts.items():
+      assert abs(n - ref) <= 0.03 * ref, (preset, family, n, ref)
+    assert abs(ref - targets[preset]) <= 0.1 * targets[preset], (preset, ref)
+
+
+# 2. Reference tests -----------------------------------------------------------
+
+def test_associative_scan_equals_sequential_scan():
+  ka, kb = jax.random.split(jax.random.PRNGKey(1))
+  a = jax.random.uniform(ka, (2, 50, 3, 4), minval=0.5, maxval=1.0)
+  b = jax.random.normal(kb, (2, 50, 3, 4))
+  np.testing.assert_allclose(ssm.associative_scan(a, b), ssm.sequential_scan(a, b),
+                             atol=1e-5, rtol=1e-5)
+
+
+def test_ssm_model_same_logits_with_sequential_scan(models):
+  model, params = models["ssm"]
+  ref = _model("ssm", overrides={"scan_impl": "sequential"})
+  x = _inputs()
+  np.testing.assert_allclose(model.apply(params, *x), ref.apply(params, *x), atol=1e-5,
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["attention", "ssm"])
+def test_exact_span_decomposition(models, family):
+  model, params = models[family]
+  site, _ = architectures.read_port_sites(dict(family=family, preset="p100k"))[-1]
+  x = _inputs()
+  got = {}
+
+  def probe(next_fun, args, kwargs):
+    h = next_fun(*args, **kwargs)
+    for seed in range(3):
+      s = jax.random.bernoulli(jax.random.PRNGKey(seed), 0.3, x[1].shape)
+      got[seed] = (h, next_fun(*args, span_mask=s), next_fun(*args, span_mask=~s))
+    got["all"] = next_fun(*args, span_mask=jnp.ones(x[1].shape, bool))
+    got["none"] = next_fun(*args, span_mask=jnp.zeros(x[1].shape, bool))
+    return h
+
+  with nn.intercept_methods(_site_hook(site, probe)):
+    model.apply(params, *x)
+  type(model)  # keep linters quiet
+  for seed in range(3):
+    h, hs, hc = got[seed]
+    np.testing.assert_allclose(hs + hc, h, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got["all"], h, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got["none"], 0.0, atol=1e-6)
+
+
+def _retrieval_output(model, params, x, site, patch=None):
+  """Output of the retrieval module (after its projection) with `read` patched."""
+  out = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    path = "/".join(context.module.path)
+    if path == site and context.method_name == "read" and patch is not None:
+      return patch(next_fun(*args, **kwargs))
+    y = next_fun(*args, **kwargs)
+    if path == site and context.method_name == "__call__":
+      out["y"] = y
+    return y
+
+  with nn.intercept_methods(interceptor):
+    model.apply(params, *x)
+  return out["y"]
+
+
+def test_memory_port_per_port_patches_add_up(models):
+  model, params = models["memory_port"]
+  site, _ = architectures.read_port_sites(dict(family="memory_port", preset="p100k"))[-1]
+  clean, cor = _inputs(0), _inputs(1)
+  cor = (clean[0], cor[1], clean[2], clean[3])  # same query, other context
+  rec = {}
+
+  def record(h):
+    rec["h"] = h
+    return h
+
+  _retrieval_output(model, params, clean, site, record)
+  h_clean = rec["h"]
+  base = _retrieval_output(model, params, cor, site)
+  full = _retrieval_output(model, params, cor, site, lambda h: h_clean)
+  spec = model.spec
+  total = jnp.zeros_like(base)
+  for p in range(spec.num_ports):
+    m = architectures.port_mask(spec, [p])[None, None, :, None]
+    total += _retrieval_output(model, params, cor, site,
+                               lambda h, m=m: h * (1 - m) + h_clean * m) - base
+  np.testing.assert_allclose(total, full - base, atol=1e-5, rtol=1e-5)
+  assert float(jnp.abs(full - base).max()) > 1e-3  # the patch does something
+
+
+def test_memory_port_span_is_approximate_but_exact_at_extremes(models):
+  model, params = models["memory_port"]
+  assert type(model).__name__ == "RetrievalModel"
+  site, _ = architectures.read_port_sites(dict(family="memory_port", preset="p100k"))[-1]
+  x = _inputs()
+  got = {}
+
+  def probe(next_fun, args, kwargs):
+    got["h"] = next_fun(*args, **kwargs)
+    got["all"] = next_fun(*args, span_mask=jnp.ones(x[1].shape, bool))
+    got["none"] = next_fun(*args, span_mask=jnp.zeros(x[1].shape, bool))
+    return got["h"]
+
+  with nn.intercept_methods(_site_hook(site, probe)):
+    model.apply(params, *x)
+  np.testing.assert_allclose(got["all"], got["h"], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got["none"], 0.0, atol=1e-6)
+  assert architectures.span_decomposition("memory_port") == "approximate"
+
+
+# Read ports, shapes, options --------------------------------------------------
+
+@pytest.mark.parametrize("family", list(architectures.FAMILIES))
+@pytest.mark.parametrize("bypass", [False, True])
+def test_read_port_shape_and_sites(family, bypass):
+  cfg = dict(family=family, preset="p100k", retrieval_layers="all", bypass=bypass)
+  model = architectures.build_model(cfg, **SIZES)
+  params = architectures.init_params(model, jax.random.PRNGKey(0))
+  sites = architectures.read_port_sites(cfg)
+  assert [s for s, _ in sites] == [f"reader/block_{i}/retrieval" for i in range(2)]
+  shapes = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    y = next_fun(*args, **kwargs)
+    if context.method_name == "read":
+      shapes["/".join(context.module.path)] = (y.shape, type(context.module).span_decomposition)
+    return y
+
+  x = _inputs()
+  with nn.intercept_methods(interceptor):
+    logits = model.apply(params, *x)
+  assert logits.shape == (3, SIZES["answer_len"], SIZES["vocab_size"])
+  spec = model.spec
+  for site, _ in sites:
+    shape, decomposition = shapes[site]
+    assert shape[:3] == (3, spec.reader_len, spec.num_ports)
+    assert decomposition == architectures.span_decomposition(family)
+
+
+def test_answer_is_shifted_inside_the_model(models):
+  model, params = models["attention"]
+  q, c, pid, a = _inputs()
+  a2 = a.at[:, -1].set((a[:, -1] + 1) % SIZES["vocab_size"])
+  l1, l2 = model.apply(params, q, c, pid, a), model.apply(params, q, c, pid, a2)
+  np.testing.assert_allclose(l1, l2, atol=1e-6)  # the last answer token is never an input
+  a3 = a.at[:, 0].set((a[:, 0] + 1) % SIZES["vocab_size"])
+  assert not np.allclose(model.apply(params, q, c, pid, a3)[:, 1], l1[:, 1])
+
+
+def test_parameters_carry_logical_axis_names():
+  model = _model("ssm")
+  variables = model.init(jax.random.PRNGKey(0), *_inputs())
+  leaves = jax.tree_util.tree_leaves(
+      variables, is_leaf=lambda v: isinstance(v, nn.LogicallyPartitioned))
+  assert leaves and all(isinstance(v, nn.LogicallyPartitioned) for v in leaves)
+  assert all(len(v.names) == v.value.ndim for v in leaves)
+
+
+def test_bfloat16_forward_is_finite():
+  model = _model("memory_port", dtype="bfloat16")
+  params = architectures.init_params(model, jax.random.PRNGKey(0))
+  assert bool(jnp.isfinite(model.apply(params, *_inputs())).all())
+
+
+# 4 (fast variant). With bypass off the read port is the only channel ------------
+
+def _mean_ablated_logits(model, params, x, site):
+  hook = _site_hook(site, lambda nf, a, k: jnp.broadcast_to(
+      nf(*a, **k).mean(0, keepdims=True), nf(*a, **k).shape))
+  with nn.intercept_methods(hook):
+    return model.apply(params, *x)
+
+
+@pytest.mark.parametrize("family", list(architectures.FAMILIES))
+def test_port_is_only_channel_without_bypass(family):
+  for bypass, independent in ((False, True), (True, False)):
+    cfg = dict(family=family, preset="p100k", bypass=bypass)
+    model = architectures.build_model(cfg, **SIZES)
+    params = architectures.init_params(model, jax.random.PRNGKey(0))
+    site, _ = architectures.read_port_sites(cfg)[-1]
+    q, c, pid, a = _inputs(0, batch=4)
+    c_other = _inputs(1, batch=4)[1]
+    # The batch mean is taken over a batch that holds both contexts, so it is the same.
+    both = tuple(jnp.concatenate([u, v]) for u, v in
+                 zip((q, c, pid, a), (q, c_other, pid, a)))
+    out = _mean_ablated_logits(model, params, both, site)
+    same = np.allclose(out[:4], out[4:], atol=1e-5)
+    assert same == independent, (family, bypass)
+
+
+# 6. Bad configurations ------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("family", "rnn"), ("preset", "p42"),
+                                         ("retrieval_layers", "first"), ("dtype", "int8"),
+                                         ("bypass", "yes")])
+def test_bad_model_config_names_field_and_allowed(field, value):
+  cfg = dict(family="attention", preset="p100k")
+  cfg[field] = value
+  with pytest.raises(ValueError, match=rf"model\.{field} must be one of"):
+    architectures.build_model(cfg, **SIZES)
+  with pytest.raises(ValueError, match=rf"model\.{field}"):
+    architectures.read_port_sites(cfg)
+
+
+def test_bad_override_and_sizes():
+  with pytest.raises(ValueError, match="model.overrides: unknown field"):
+    _model("ssm", overrides={"widht": 3})
+  with pytest.raises(ValueError, match="scan_impl must be one of"):
+    _model("ssm", overrides={"scan_impl": "fast"})
+  with pytest.raises(ValueError, match="context_len"):
+    architectures.build_model(dict(family="ssm", preset="p100k"),
+                              **dict(SIZES, context_len=2))
+
+
+def test_bad_port_index():
+  spec = _model("memory_port").spec
+  assert architectures.port_mask(spec, [0, 3]).tolist() == [1, 0, 0, 1]
+  with pytest.raises(ValueError, match=r"port index must be in range\(0, 4\)"):
+    architectures.port_mask(spec, [4])
+
+
+@pytest.mark.parametrize("family", list(architectures.FAMILIES))
+def test_bad_span_mask_shape(models, family):
+  model, params = models[family]
+  site, _ = architectures.read_port_sites(dict(family=family, preset="p100k"))[-1]
+  hook = _site_hook(site, lambda nf, a, k: nf(*a, span_mask=jnp.ones((3, 7), bool)))
+  with pytest.raises(ValueError, match=r"span_mask must have shape \[B, N\]"):
+    with nn.intercept_methods(hook):
+      model.apply(params, *_inputs())
+
+
+def test_bad_input_shape(models):
+  model, params = models["attention"]
+  q, c, pid, a = _inputs()
+  with pytest.raises(ValueError, match=r"context must have shape \[B, context_len\]"):
+    model.apply(params, q, c[:, :-1], pid, a)
+
+
+# describe -------------------------------------------------------------------------
+
+def test_describe_lists_every_family_and_preset():
+  text = architectures.describe()
+  for family in architectures.FAMILIES:
+    assert family in text
+  for preset in PRESETS:
+    assert preset in text
+  assert "reader/block_1/retrieval:read" in text and "approximate" in text
+  rows = architectures.describe_rows()
+  assert {r["exact"] for r in rows if r["family"] != "memory_port"} == {True}
