@@ -71,24 +71,30 @@ def test_greedy_paris(lm):
 def test_logits_match_numpy_reference(lm):
   sys.path.insert(0, os.path.dirname(__file__))
   import _pretrained_reference as R
-  from ceu_jax.pretrained import SmolLM, default_gguf_path, encode
+  from ceu_jax.pretrained import default_gguf_path, encode, forward_logits
   config, variables, tok = lm
   ids = encode(tok, 'Context: The Eiffel Tower is in Paris. Question: Where is it?')
   w, meta = R.read_weights(default_gguf_path())
   ref = R.forward(w, meta, ids)
-  out = np.asarray(SmolLM(config).apply(variables, np.asarray([ids]))[0])
+  out = np.asarray(forward_logits(variables, config, np.asarray([ids]))[0])
   np.testing.assert_allclose(out, ref, atol=1e-4, rtol=0)
 
 
 @needs_model
-def test_left_padding_changes_nothing(lm):
-  from ceu_jax.pretrained import SmolLM, encode_batch
+def test_answer_loglik_batched_with_padding(lm):
+  """Left padding changes nothing: batched gold log-likelihoods equal per-row ones."""
+  from ceu_jax.pretrained import answer_loglik, encode_batch, forward_logits
   config, variables, tok = lm
-  b = encode_batch(tok, ['Hello there, how are you today my friend?', 'Hello there'])
-  assert not b.valid[1, 0]
-  both = np.asarray(SmolLM(config).apply(variables, b.tokens, b.valid, n_logits=1))
-  alone = np.asarray(SmolLM(config).apply(variables, b.tokens[1:, b.valid[1]], n_logits=1))
-  np.testing.assert_allclose(both[1], alone[0], atol=1e-4, rtol=0)
+  prompts = ['The capital of France is', 'Hello there, the capital of Italy is']
+  answers = ['Paris', 'Rome, of course']
+  b = encode_batch(tok, prompts, answers)
+  assert not b.valid[0, 0] and b.answer_len.tolist() == [1, 4] and b.n_tail == 4
+  both = np.asarray(answer_loglik(variables, config, b.tokens, b.valid, b.answer_mask, b.n_tail))
+  row = b.tokens[0, b.valid[0]]  # unpadded row 0: log p(' Paris' | prompt) by hand
+  logits = np.asarray(forward_logits(variables, config, row[None, :-1], n_logits=1))[0, -1]
+  logp = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+  np.testing.assert_allclose(both[0], logp[row[-1]], atol=1e-4)
+  assert both[0] > -1.0 and both[1] < both[0]  # ' Paris' is likely; four tokens are less so
 
 
 # ---------------------------------------------------------------------------
@@ -144,12 +150,13 @@ def test_spec_identities(lm):
   lm_ = np.asarray(answer_loglik(variables, config, bm.tokens, bm.valid, bm.answer_mask, n))
   assert (lp - lm_ > 0.5).all(), (lp, lm_)  # the corruption hurts the gold answer
 
-  def run(tokens, span, n_patch=t):
-    clean = record_ports(variables, config, bp.tokens, bp.valid, span, n_patch)
-    logits = patched_run(variables, config, tokens, bp.valid, layer, clean, span, n_patch,
-                         n_logits=n)
+  def run(tokens, span, n_patch=t - 1):  # patch every input position
+    clean = record_ports(variables, config, *bp.inputs, span, n_patch)
+    logits = patched_run(variables, config, tokens[:, :-1], bp.valid[:, :-1], layer, clean, span,
+                         n_patch, n_logits=n)
     return np.asarray(tail_loglik(logits, tokens, bp.answer_mask))
 
+  changed = changed[:, :-1]
   all_pos = jnp.ones_like(changed)
   np.testing.assert_allclose(run(bp.tokens, None), lp, atol=1e-4)  # clean into clean: L+
   np.testing.assert_allclose(run(bp.tokens, all_pos), lp, atol=1e-4)
@@ -171,7 +178,7 @@ def test_engine_patch_agrees(lm):
   n = bp.n_tail
 
   def loglik_fn(v, tokens):
-    logits = SmolLM(config).apply(v, tokens, jnp.asarray(bp.valid), n_logits=n)
+    logits = SmolLM(config).apply(v, tokens[:, :-1], jnp.asarray(bp.valid[:, :-1]), n_logits=n)
     return tail_loglik(logits, tokens, jnp.asarray(bp.answer_mask))
 
   @jax.jit
@@ -180,11 +187,11 @@ def test_engine_patch_agrees(lm):
     return sites.patch(loglik_fn, v, corrupt, 'layers_20/attn',
                        list(rec.values())[0], span_mask=span)
 
-  span = jnp.asarray(changed)
+  span = jnp.asarray(changed[:, :-1])
   got = np.asarray(engine(variables, bp.tokens, bm.tokens, span))
-  t = bp.tokens.shape[1]
-  clean = record_ports(variables, config, bp.tokens, bp.valid, span, t)
-  want = tail_loglik(patched_run(variables, config, bm.tokens, bp.valid, jnp.int32(20), clean,
+  t = bp.tokens.shape[1] - 1
+  clean = record_ports(variables, config, *bp.inputs, span, t)
+  want = tail_loglik(patched_run(variables, config, *bm.inputs, jnp.int32(20), clean,
                                  span, t, n_logits=n), bm.tokens, bp.answer_mask)
   np.testing.assert_allclose(got, np.asarray(want), atol=1e-4)
 
@@ -203,10 +210,11 @@ def _fast_vs_full(config, variables, bp, bm, spans, layers, atol):
   l_int = np.asarray(out['L_int'])
   assert l_int.shape == (config.n_layers, spans.shape[0], bp.tokens.shape[0])
   for s in range(spans.shape[0]):
-    clean = record_ports(variables, config, bp.tokens, bp.valid, spans[s], n)
+    span = spans[s][:, :-1]
+    clean = record_ports(variables, config, *bp.inputs, span, n)
     for layer in layers:
-      logits = patched_run(variables, config, bm.tokens, bp.valid, jnp.int32(layer), clean,
-                           spans[s], n, n_logits=n)
+      logits = patched_run(variables, config, *bm.inputs, jnp.int32(layer), clean, span, n,
+                           n_logits=n)
       want = np.asarray(tail_loglik(logits, bm.tokens, bp.answer_mask))
       np.testing.assert_allclose(l_int[layer, s], want, atol=atol, rtol=0,
                                  err_msg=f'layer {layer} span {s}')

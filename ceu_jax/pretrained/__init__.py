@@ -9,17 +9,17 @@ from ceu_jax.pretrained.gguf_loader import (INSTALL_HINT, PretrainedModelError,
                                             load_smollm2)
 from ceu_jax.pretrained.model import (SmolLM, SmolLMConfig, layer_index,
                                       read_port_paths)
-from ceu_jax.pretrained.patching import (answer_loglik, fast_patch_audit,
+from ceu_jax.pretrained.patching import (answer_loglik, fast_patch_audit, forward_logits,
                                          fast_patch_hidden, greedy_generate,
                                          patched_run, record_ports, tail_loglik)
-from ceu_jax.pretrained.tokenizer import (PAD_ID, EncodedBatch, encode,
+from ceu_jax.pretrained.tokenizer import (PAD_ID, EncodedBatch, char_span_mask, encode,
                                           encode_batch, format_prompt,
                                           load_tokenizer)
 
 __all__ = [
     'INSTALL_HINT', 'PretrainedModelError', 'default_gguf_path', 'is_available',
     'load_smollm2', 'SmolLM', 'SmolLMConfig', 'layer_index', 'read_port_paths',
-    'answer_loglik', 'fast_patch_audit', 'fast_patch_hidden', 'greedy_generate',
-    'patched_run', 'record_ports', 'tail_loglik', 'PAD_ID', 'EncodedBatch',
+    'answer_loglik', 'fast_patch_audit', 'forward_logits', 'fast_patch_hidden', 'greedy_generate',
+    'patched_run', 'record_ports', 'tail_loglik', 'PAD_ID', 'EncodedBatch', 'char_span_mask',
     'encode', 'encode_batch', 'format_prompt', 'load_tokenizer',
 ]

@@ -43,18 +43,27 @@ from ceu_jax.pretrained.model import SmolLM, SmolLMConfig
 
 def tail_loglik(logits: jax.Array, tokens: jax.Array,
                 answer_mask: jax.Array) -> jax.Array:
-  """Σ log p(answer tokens) [...] from logits [..., B, n, V] of the last n positions.
+  """Σ log p(answer tokens) [...] from logits [..., B, n, V].
 
-  Position t predicts token t + 1: logits[..., :-1] score tokens[:, T-n+1:],
-  counted where answer_mask [B, T] is True (all answer tokens must lie in the
-  last n − 1 positions, i.e. n ≥ max answer length + 1).
+  The logits are those of the last n positions of the model *input*
+  tokens[:, :-1] (the final answer token predicts nothing, so it is never
+  fed), i.e. they predict tokens[:, T-n:]; tokens counted where answer_mask
+  [B, T] is True (all answer tokens must lie in the last n positions).
   """
   n, t = logits.shape[-2], tokens.shape[-1]
-  tgt = tokens[:, t - n + 1:]
-  logp = jax.nn.log_softmax(M._f32(logits[..., :-1, :]), axis=-1)
+  tgt = tokens[:, t - n:]
+  logp = jax.nn.log_softmax(M._f32(logits), axis=-1)
   tok = jnp.take_along_axis(logp, jnp.broadcast_to(tgt[..., None], logp.shape[:-1] + (1,)),
                             axis=-1)[..., 0]
-  return jnp.where(answer_mask[:, t - n + 1:], tok, 0.0).sum(-1)
+  return jnp.where(answer_mask[:, t - n:], tok, 0.0).sum(-1)
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'n_logits'))
+def forward_logits(variables: dict, config: SmolLMConfig, tokens: jax.Array,
+                   valid: Optional[jax.Array] = None,
+                   n_logits: Optional[int] = None) -> jax.Array:
+  """Jitted logits [B, n_logits or T, V] of tokens [B, T] (valid [B, T] or None)."""
+  return SmolLM(config).apply(variables, tokens, valid, n_logits=n_logits)
 
 
 @functools.partial(jax.jit, static_argnames=('config', 'n_tail'))
@@ -62,10 +71,11 @@ def answer_loglik(variables: dict, config: SmolLMConfig, tokens: jax.Array,
                   valid: jax.Array, answer_mask: jax.Array, n_tail: int) -> jax.Array:
   """Gold log-likelihood [B] of the answer tokens given the prompt.
 
-  tokens/valid/answer_mask [B, T] from `encode_batch` (left-padded); n_tail =
-  `EncodedBatch.n_tail` (max answer length + 1). Only n_tail logits are formed.
+  tokens/valid/answer_mask [B, T] from `encode_batch` (left-padded, answer at
+  the end); n_tail = `EncodedBatch.n_tail` (max answer length). The model reads
+  tokens[:, :-1] and forms only the last n_tail logits.
   """
-  logits = SmolLM(config).apply(variables, tokens, valid, n_logits=n_tail)
+  logits = SmolLM(config).apply(variables, tokens[:, :-1], valid[:, :-1], n_logits=n_tail)
   return tail_loglik(logits, tokens, answer_mask)
 
 
@@ -132,7 +142,10 @@ def patched_run(variables: dict, config: SmolLMConfig, tokens: jax.Array,
                 valid: jax.Array, layer: jax.Array, clean: jax.Array,
                 span_mask: Optional[jax.Array], n_patch: int,
                 n_logits: Optional[int] = None) -> jax.Array:
-  """Full forward on `tokens` with the port of layer `layer` patched.
+  """Full forward on `tokens` [B, T] with the port of layer `layer` patched.
+
+  `tokens`/`valid` are the model input as given (to score an answer batch,
+  pass `EncodedBatch.inputs` and score with `tail_loglik`).
 
   At the last n_patch positions h ← h − Π_S h + clean[layer], where clean
   [L, B, n_patch, H, Dh] = Π_S h of the source run (`record_ports`) and S =
@@ -248,14 +261,21 @@ def fast_patch_audit(variables: dict, config: SmolLMConfig, clean_tokens: jax.Ar
   """Every-layer × every-span interchange audit in one compiled call.
 
   clean_tokens/corrupt_tokens [B, T] token-aligned (same `valid`, left-padded,
-  answer at the end); answer_mask [B, T]; span_masks [S, B, N] bool (N <= T;
-  an all-True row is the full-site patch); n_tail ≥ max answer length + 1.
+  answer at the end, as from `encode_batch`); answer_mask [B, T]; span_masks
+  [S, B, N] bool over source positions (N <= T; an all-True row is the
+  full-site patch); n_tail ≥ max answer length (`EncodedBatch.n_tail`). The
+  model reads tokens[:, :-1]; the patched positions are its last n_tail ones,
+  those whose logits score the answer; tail_mask [B, n_tail] restricts them.
   Returns {'L_plus' [B], 'L_minus' [B], 'L_int' [L, S, B]} gold
   log-likelihoods (SPEC §1).
   """
   model = SmolLM(config)
-  lc, clean = model.apply(variables, clean_tokens, valid, n_logits=n_tail, return_cache=True)
-  lr, corrupt = model.apply(variables, corrupt_tokens, valid, n_logits=n_tail,
+  t_in = clean_tokens.shape[1] - 1
+  valid_in = valid[:, :-1]
+  span_masks = span_masks[..., :t_in]
+  lc, clean = model.apply(variables, clean_tokens[:, :-1], valid_in, n_logits=n_tail,
+                          return_cache=True)
+  lr, corrupt = model.apply(variables, corrupt_tokens[:, :-1], valid_in, n_logits=n_tail,
                             return_cache=True)
   hid = fast_patch_hidden(variables, config, clean, corrupt, span_masks, n_tail, tail_mask)
   emb = variables['params']['embed']['embedding']

@@ -84,8 +84,17 @@ class EncodedBatch:
 
   @property
   def n_tail(self) -> int:
-    """Last positions whose logits score the answers: max answer length + 1."""
-    return int(self.answer_len.max()) + 1
+    """Positions whose logits score the answers: the max answer length.
+
+    The model reads `inputs` (tokens[:, :-1]); its last n_tail positions
+    predict the answer tokens.
+    """
+    return max(int(self.answer_len.max()), 1)
+
+  @property
+  def inputs(self) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, valid) [B, T - 1] fed to the model when scoring the answer."""
+    return self.tokens[:, :-1], self.valid[:, :-1]
 
 
 def encode_batch(tokenizer, prompts: Sequence[str],
@@ -127,3 +136,23 @@ def encode_batch(tokenizer, prompts: Sequence[str],
       answer_mask[i, t - alen[i]:] = True
   return EncodedBatch(tokens, valid, answer_mask, np.asarray(plen, np.int32),
                       np.asarray(alen, np.int32))
+
+
+def char_span_mask(tokenizer, prompts: Sequence[str],
+                   char_spans: Sequence[Sequence[tuple[int, int]]],
+                   batch: EncodedBatch) -> np.ndarray:
+  """[B, T] bool: the tokens of `batch` overlapping the character ranges.
+
+  prompts are the strings `batch` was built from; char_spans[i] lists
+  (start, end) ranges in prompts[i] (e.g. the evidence sentence). Handles the
+  left padding of `encode_batch`.
+  """
+  out = np.zeros(batch.valid.shape, bool)
+  t = out.shape[1]
+  for i, (p, ranges) in enumerate(zip(prompts, char_spans)):
+    enc = tokenizer.encode(p, add_special_tokens=False)
+    off = t - int(batch.valid[i].sum())  # first real position
+    for j, (a, b) in enumerate(enc.offsets):
+      if any(a < e and b > s for s, e in ranges):
+        out[i, off + j] = True
+  return out
