@@ -22,6 +22,7 @@ except ImportError:  # tests/ not a package
   from test_engine_toys import make, toy
 
 SITE = Site("block_1/retrieval")
+SITE0 = Site("block_0/retrieval")         # the site of the one-layer toys
 B, N, T, PORTS = 3, 8, 5, 2
 
 
@@ -72,11 +73,11 @@ def test_prefix_runs_once_whatever_the_number_of_chunks():
     jax.effects_barrier()
     return calls[0], r
 
-  one_chunk, _ = executions(2)
+  # L+ and L− runs, then one clean and one corrupted prefix for all probes.
   hoisted, r = executions(6)               # 3 chunks (one padded)
-  assert hoisted == one_chunk              # the prefix ran once, not per chunk
+  assert hoisted == 4
   looped, r_plain = executions(6, hoist=False)
-  assert looped > one_chunk
+  assert looped == 2 + 2 * 3               # without hoisting: per chunk
   np.testing.assert_allclose(r.L_int, r_plain.L_int, atol=1e-5)
 
 
@@ -93,24 +94,24 @@ def test_unknown_site_lists_the_sites_seen():
 
 
 def test_span_patch_needs_a_declared_decomposition():
-  _, v, clean, corrupt, ll, _ = toy("plain")
+  _, v, clean, corrupt, ll, _ = toy("plain", layers=1)
   with pytest.raises(engine.SpanUnsupportedError, match="span_decomposition"):
-    engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0))
+    engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0))
   # Port patches are fine there.
-  r = engine.audit(ll, v, clean, corrupt, SITE, engine.port_probes(PORTS))
+  r = engine.audit(ll, v, clean, corrupt, SITE0, engine.port_probes(PORTS))
   assert r.ceu.shape == (PORTS, B)
 
 
 def test_approximate_span_needs_explicit_permission():
-  _, v, clean, corrupt, ll, _ = toy("memory")
+  _, v, clean, corrupt, ll, _ = toy("memory", layers=1)
   with pytest.raises(engine.SpanUnsupportedError, match="allow_approximate"):
-    engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0))
-  r = engine.audit(ll, v, clean, corrupt, SITE, _span_probes(0, 2),
+    engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0))
+  r = engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0, 2),
                    allow_approximate=True)
   assert r.approximate
   # Port-restricted patches at a memory port are exact: all ports == full.
   both, full = jax.jit(lambda v: [engine.intervened_logliks(
-      ll, v, clean, corrupt, SITE, p) for p in (
+      ll, v, clean, corrupt, SITE0, p) for p in (
           Probes(ports=jnp.ones((1, PORTS), bool)), Probes())])(v)
   np.testing.assert_allclose(both, full, atol=1e-5)
 
@@ -126,9 +127,9 @@ def test_approximate_span_needs_explicit_permission():
      "K"),
 ])
 def test_mask_shape_errors_name_the_field(probes, field):
-  _, v, clean, corrupt, ll, _ = toy()
+  _, v, clean, corrupt, ll, _ = toy(layers=1)
   with pytest.raises(engine.MaskShapeError, match=field):
-    engine.intervened_logliks(ll, v, clean, corrupt, SITE, probes)
+    engine.intervened_logliks(ll, v, clean, corrupt, SITE0, probes)
 
 
 def test_a_site_called_twice_is_an_error():
@@ -250,18 +251,18 @@ def test_nominate_by_query_overlap_and_passage():
 
 
 def test_nominate_by_attention_mass():
-  model, v, clean, _, ll, _ = toy()
+  model, v, clean, _, ll, _ = toy(layers=1)
   got, mass = jax.jit(lambda v: (
-      engine.by_attention(ll, v, clean, SITE, 2, position=2),
-      engine.attention_mass(ll, v, clean, SITE)))(v)       # mass [B, T, N]
+      engine.by_attention(ll, v, clean, SITE0, 2, position=2),
+      engine.attention_mass(ll, v, clean, SITE0)))(v)      # mass [B, T, N]
   assert got.shape == (B, N) and (np.asarray(got).sum(1) == 2).all()
   np.testing.assert_allclose(mass.sum(-1), PORTS, atol=1e-5)
   top = np.argsort(-np.asarray(mass[:, 2]), axis=1)[:, :2]
   for b in range(B):
     assert set(np.flatnonzero(got[b])) == set(top[b])
-  _, vs, cs, _, lls, _ = toy("ssm")
+  _, vs, cs, _, lls, _ = toy("ssm", layers=1)
   with pytest.raises(engine.EngineError, match="attention_mass"):
-    engine.by_attention(lls, vs, cs, SITE, 2)
+    jax.eval_shape(lambda v: engine.by_attention(lls, v, cs, SITE0, 2), vs)
 
 
 # ------------------------------------------- profiles, token-wise, scores
@@ -278,11 +279,11 @@ def test_profile_over_layers_and_ports():
 
 
 def test_tokenwise_ceu_with_per_token_logliks():
-  _, v, clean, corrupt, _, tll = toy()
+  _, v, clean, corrupt, _, tll = toy(layers=1)
   q, a = clean[0].shape[1], clean[2].shape[1]
   # Answer token i is predicted at reader position q - 1 + i.
   probes = engine.position_probes(T, [q - 1 + i for i in range(a)])
-  r = engine.audit(tll, v, clean, corrupt, SITE, probes)
+  r = engine.audit(tll, v, clean, corrupt, SITE0, probes)
   assert r.L_int.shape == (a, B, a) and r.L_plus.shape == (B, a)
   ceu_t, deg_t = engine.tokenwise(r.L_int, r.L_plus, r.L_minus, range(a))
   assert ceu_t.shape == (a, B) and deg_t.shape == (a, B)
