@@ -252,10 +252,13 @@ def test_nominate_by_query_overlap_and_passage():
 
 def test_nominate_by_attention_mass():
   model, v, clean, _, ll, _ = toy(layers=1)
-  got, mass = jax.jit(lambda v: (
+  got, mass, by_weights = jax.jit(lambda v: (
       engine.by_attention(ll, v, clean, SITE0, 2, position=2),
-      engine.attention_mass(ll, v, clean, SITE0)))(v)      # mass [B, T, N]
+      engine.attention_mass(ll, v, clean, SITE0),          # [B, T, N]
+      engine.by_attention(ll, v, clean, SITE0, 2, position=2,
+                          method="weights", layout="btpn")))(v)
   assert got.shape == (B, N) and (np.asarray(got).sum(1) == 2).all()
+  np.testing.assert_array_equal(by_weights, got)
   np.testing.assert_allclose(mass.sum(-1), PORTS, atol=1e-5)
   top = np.argsort(-np.asarray(mass[:, 2]), axis=1)[:, :2]
   for b in range(B):

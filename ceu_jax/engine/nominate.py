@@ -9,7 +9,9 @@ Saliency only chooses where to intervene; the score is still the intervention.
 (iii) needs the optional *attention-mass contract*: the port module exposes a
 method (default name ``attention_mass``) that takes the same arguments as its
 read method (without ``span_mask``) and returns the non-negative mass each
-context token receives, [B, T, N] or [B, T, P, N] (summed over P here).
+context token receives, [B, T, N] or [B, T, P, N] (summed over P here). A
+method with another axis order can be used through ``layout``, e.g.
+``method='weights', layout='bptn'`` for weights [B, P, T, N].
 """
 from __future__ import annotations
 
@@ -65,10 +67,23 @@ def passage_containing(context: jax.Array, passage_ids: jax.Array,
   return jnp.argmax(counts, -1)
 
 
+def _to_btn(mass: jax.Array, layout: str | None, site: Site) -> jax.Array:
+  if layout is None:
+    layout = {3: "btn", 4: "btpn"}.get(mass.ndim)
+  if layout is None or len(layout) != mass.ndim or not set("btn") <= set(layout):
+    raise EngineError(
+        f"site {site}: attention mass of shape {tuple(mass.shape)} does not "
+        f"match layout {layout!r} (letters b, t, n and optionally p)")
+  return jnp.einsum(f"{layout}->btn", mass)
+
+
 def attention_mass(loglik_fn: LoglikFn, variables: Any, inputs: Any,
-                   site: Site | str, *, method: str = "attention_mass"
-                   ) -> jax.Array:
-  """The port's attention mass [B, T, N] (ports summed) in the run on inputs."""
+                   site: Site | str, *, method: str = "attention_mass",
+                   layout: str | None = None) -> jax.Array:
+  """The port's attention mass [B, T, N] (ports summed) in the run on inputs.
+
+  ``layout``: axis letters of the method's output (default 'btn' / 'btpn').
+  """
   site = as_site(site)
   out = []
 
@@ -81,7 +96,7 @@ def attention_mass(loglik_fn: LoglikFn, variables: Any, inputs: Any,
           "(see ceu_jax.engine.nominate)")
     kw = {k: v for k, v in kwargs.items() if k != SPAN_KWARG}
     mass = fn(*args, **kw)
-    out.append(mass.sum(2) if mass.ndim == 4 else mass)
+    out.append(_to_btn(mass, layout, site))
     rewind_compact(module)
     return next_fun(*args, **kwargs)
 
@@ -93,14 +108,16 @@ def by_attention(loglik_fn: LoglikFn, variables: Any, inputs: Any,
                  site: Site | str, top_l: int, *,
                  position: int | jax.Array = -1,
                  valid_mask: jax.Array | None = None,
-                 method: str = "attention_mass") -> jax.Array:
+                 method: str = "attention_mass",
+                 layout: str | None = None) -> jax.Array:
   """(iii) The ``top_l`` context tokens by read-port attention mass.
 
   ``position``: a reader position index (e.g. the answer position) or weights
   over positions, [T] or [B, T]. ``valid_mask`` [B, N] excludes tokens (pads).
   Returns a [B, N] bool mask. Pure; call it inside jit with fixed ``top_l``.
   """
-  mass = attention_mass(loglik_fn, variables, inputs, site, method=method)
+  mass = attention_mass(loglik_fn, variables, inputs, site, method=method,
+                        layout=layout)
   if isinstance(position, int):
     m = mass[:, position]                                       # [B, N]
   else:
