@@ -1,4 +1,7 @@
-"""Factual-QA preparation: shipped files, the evidence matcher, the writer, regeneration."""
+"""Factual-QA preparation: shipped files, the evidence matcher, the writer, regeneration.
+
+Only the tokenizer test needs `tokenizers`; the rest runs on a bare `.[test]` install.
+"""
 from __future__ import annotations
 
 import gzip
@@ -11,9 +14,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("tokenizers")
-
-from ceu_jax.data.factqa import prepare, rewrite, storage, text, tokenizer  # noqa: E402
+from ceu_jax.data.factqa import prepare, rewrite, storage, text, tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED = storage.SHIPPED_DIR
@@ -116,6 +117,7 @@ def test_writer_is_deterministic(tmp_path):
 
 
 def test_tokenizer_training_is_deterministic():
+  pytest.importorskip("tokenizers")
   records, passages, _ = _sample_records()
   lines = list(prepare.corpus_lines(records, passages))
   a = tokenizer.train(lines, vocab_size=400).to_str()

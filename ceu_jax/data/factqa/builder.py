@@ -98,9 +98,9 @@ def get_builder(shipped_dir: pathlib.Path = storage.SHIPPED_DIR,
   data_dir = pathlib.Path(cache_dir or default_cache_dir()) / key
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   tfds.disable_progress_bar()
-  builder = _builder_class()(shipped_dir=shipped_dir, data_dir=str(data_dir),
-                             file_format="array_record")
-  with _locked(data_dir / ".lock"):
+  with _locked(data_dir / ".lock"):   # concurrent first uses build once
+    builder = _builder_class()(shipped_dir=shipped_dir, data_dir=str(data_dir),
+                               file_format="array_record")
     builder.download_and_prepare()
   return builder
 

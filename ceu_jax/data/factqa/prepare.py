@@ -35,10 +35,14 @@ class Counts:
             for s in sorted(set(self.kept) | set(self.dropped))}
 
 
-def split_of(key: str) -> str:
-  """80/10/10 train/validation/test by a hash of `key` (article title or question)."""
+def split_of(key: str, train_tenths: int = 8) -> str:
+  """train / validation / test by a hash of `key` (NQ: the question, 80/10/10; SQuAD:
+  the article title, 60/20/20, since its 48 articles are the unit)."""
   bucket = int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 10
-  return "train" if bucket < 8 else ("validation" if bucket == 8 else "test")
+  rest = (10 - train_tenths) // 2
+  if bucket < train_tenths:
+    return "train"
+  return "validation" if bucket < train_tenths + rest else "test"
 
 
 def _check_question(question: str, answer: str) -> Optional[str]:
@@ -108,7 +112,7 @@ def process_squad(data: dict[str, Any], counts: Counts) -> tuple[list[Record], l
       kept_here = 0
       for qa in para["qas"]:
         gold = qa["answers"][0]
-        rec, reason = build_record("squad", f"squad:{qa['id']}", split_of(title),
+        rec, reason = build_record("squad", f"squad:{qa['id']}", split_of(title, 6),
                                    qa["question"], gold["text"].strip(), pid, passage,
                                    sentences)
         if rec is None:

@@ -46,6 +46,10 @@ NAMEABLE_TYPES = ("PERSON", "PLACE", "NAME")
 _PLACE_WORDS = ("city", "country", "state", "river", "county", "town", "region",
                 "island", "continent", "province", "mountain", "ocean", "sea",
                 "nation", "capital", "location", "place", "lake", "village")
+_PERSON_WORDS = ("person", "people", "man", "woman", "player", "actor", "actress", "singer",
+                 "president", "king", "queen", "emperor", "scientist", "author", "writer",
+                 "composer", "artist", "leader", "coach", "quarterback", "poet", "general",
+                 "philosopher", "physicist", "inventor", "pope", "minister", "explorer")
 _HOW_NUMERIC = ("how many", "how much", "how long", "how old", "how far", "how tall",
                 "how big", "how large", "how high", "how often", "how deep", "how fast",
                 "what percentage", "what percent", "what number", "what amount")
@@ -137,7 +141,8 @@ def is_capitalised(answer: str) -> bool:
   if not words:
     return False
   long_words = [w for w in words if w.lower() not in STOPWORDS]
-  return bool(long_words) and all(w[:1].isupper() or w[:1].isdigit() for w in long_words)
+  return (any(w[:1].isupper() for w in long_words)
+          and all(w[:1].isupper() or w[:1].isdigit() for w in long_words))
 
 
 def answer_type(question: str, answer: str) -> str:
@@ -152,7 +157,8 @@ def answer_type(question: str, answer: str) -> str:
     return "DATE"
   if not is_capitalised(a):
     return "OTHER"
-  if re.search(r"\b(who|whom|whose)\b", q) or "what person" in q:
+  if re.search(r"\b(who|whom|whose)\b", q) or re.search(
+      r"\b(what|which)\s+(\w+\s+){0,2}(" + "|".join(_PERSON_WORDS) + r")\b", q):
     return "PERSON"
   if q.startswith("where") or re.search(
       r"\b(what|which|in what|in which)\s+(" + "|".join(_PLACE_WORDS) + r")\b", q):
@@ -170,7 +176,8 @@ def _is_dateish(a: str) -> bool:
     return False
   rest = _WORD.findall(_YEAR_RE.sub(" ", _MONTH_RE.sub(" ", a)))
   return all(w.isdigit() or w.lower() in ("th", "st", "nd", "rd", "the", "of", "early",
-                                          "late", "mid", "in", "on", "ad", "bc")
+                                          "late", "mid", "in", "on", "ad", "bc", "to",
+                                          "and", "from", "between", "until", "c", "circa")
              for w in rest)
 
 

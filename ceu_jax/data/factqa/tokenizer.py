@@ -14,7 +14,7 @@ from ceu_jax.data.factqa import storage
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[BOS]", "[EOS]", "[P]", "[FILL]", "[UNK]",
                                    "[MASK]", "[REMOVED]", "[SEP]")
-VOCAB_SIZE = 6000
+VOCAB_SIZE = 8000
 ALPHABET_SIZE = 300
 PAD, BOS, EOS, PSEP = 0, 1, 2, 3
 
