@@ -16,9 +16,9 @@ import pytest
 from ceu_jax import engine
 from ceu_jax.engine import Probes, Site
 try:
-  from tests.test_engine_toys import reference_logliks, toy
+  from tests.test_engine_toys import make, reference_logliks, toy
 except ImportError:  # tests/ not a package
-  from test_engine_toys import reference_logliks, toy
+  from test_engine_toys import make, reference_logliks, toy
 
 TOL = 1e-5
 SITE = Site("block_1/retrieval")
@@ -169,3 +169,24 @@ def test_engine_matches_python_loop_reference(port):
                              span=probes.span[k], ports=probes.ports[k],
                              positions=probes.positions[k])
     np.testing.assert_allclose(got.L_int[k], want, atol=TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("port", ["attn", "ssm"])
+def test_many_probes_any_chunking_matches_reference(port):
+  """Larger version of the reference test: 3 layers, 40 probes, 3 chunkings."""
+  model, v, clean, corrupt, ll, _ = make(port, layers=3, b=4, n=16, seed=5)
+  b, n = clean[1].shape
+  t = clean[0].shape[1] + clean[2].shape[1]
+  probes = _random_probes(jax.random.key(11), 40, b, n, t, 2)
+  site = Site("block_1/retrieval")
+  results = [engine.audit(ll, v, clean, corrupt, site, probes, chunk_size=c,
+                          hoist=h).L_int
+             for c, h in ((1, True), (7, True), (7, False), (64, True))]
+  for r in results[1:]:
+    np.testing.assert_allclose(r, results[0], atol=TOL)
+  for k in range(0, 40, 5):
+    want = reference_logliks(model, v, clean, corrupt, 1,
+                             span=probes.span[k], ports=probes.ports[k],
+                             positions=probes.positions[k])
+    np.testing.assert_allclose(results[0][k], want, atol=TOL)

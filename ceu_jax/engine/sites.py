@@ -180,7 +180,9 @@ class SiteHook:
   def check_all_found(self) -> None:
     missing = [s for s, n in self.calls.items() if n == 0]
     if missing:
-      seen = "\n  ".join(self.seen) or "(none: did loglik_fn call model.apply?)"
+      seen = "\n  ".join(self.seen) or (
+          "(none: loglik_fn must call model.apply itself and must not be "
+          "wrapped in jax.jit, whose cache ignores interceptors)")
       raise SiteNotFoundError(
           f"site(s) {', '.join(map(str, missing))} never called. Sites seen "
           f"(path:method):\n  {seen}")
