@@ -30,13 +30,15 @@ _FRONTED = re.compile(
     r"^(In|On|At|During|By|After|Before|Since|From|Following|Under|Throughout|Between)"
     r"\s([^,]{2,60}),\s+(.+)$", re.S)
 _PLACEHOLDER = "\u0001"
+_BORN = re.compile(r"(\S)\s*\(\s*born ([^()]{4,40}?)\s*\)(\s)")
 _CAST = re.compile(r"^([^,()]*\u0001[^,()]*?) as (\S.*)$", re.S)
 
 
 def paraphrase(prefix: str, answer: str, suffix: str) -> tuple[str, str]:
   """(clause text, rule) re-worded without touching the answer mention.
 
-  Rules, in order: cast lists ("A as B" -> "B is played by A"), move a fronted adverbial ("In 1990, X did Y" -> "X did Y in 1990"),
+  Rules, in order: cast lists ("A as B" -> "B is played by A"), birth brackets
+  ("A ( born 1950 ) is" -> "A, born 1950, is"), move a fronted adverbial ("In 1990, X did Y" -> "X did Y in 1990"),
   then synonym substitutions; if neither applies, prepend "Reportedly ,".
   """
   text = prefix + _PLACEHOLDER + suffix
@@ -44,6 +46,9 @@ def paraphrase(prefix: str, answer: str, suffix: str) -> tuple[str, str]:
   cast = _CAST.match(text)
   if cast and len(cast.group(1).split()) <= 6:
     text, rules = f"{cast.group(2).rstrip(' .')} is played by {cast.group(1)}", ["cast"]
+  born = _BORN.sub(r"\1, born \2,\3", text, count=1)
+  if born != text:
+    text, rules = born, rules + ["born"]
   moved = _move_fronted(text)
   if moved != text:
     text, rules = moved, ["front"]
@@ -57,7 +62,11 @@ def paraphrase(prefix: str, answer: str, suffix: str) -> tuple[str, str]:
 
 _FUNCTION_WORDS = frozenset(("The", "A", "An", "It", "This", "These", "Those", "There",
                              "Its", "Their", "His", "Her", "In", "On", "At", "After",
-                             "Before", "During", "Other", "Some", "Most", "Many", "Each"))
+                             "Before", "During", "Other", "Some", "Most", "Many", "Each",
+                             "As", "Since", "When", "While", "Although", "Though", "With",
+                             "According", "Following", "Despite", "Unlike", "Like", "By",
+                             "For", "From", "Under", "Over", "Upon", "Both", "All", "One",
+                             "Two", "Several", "Although", "If", "Once", "Then", "Today"))
 
 
 def _lower_first(text: str) -> str:
@@ -68,7 +77,7 @@ def _lower_first(text: str) -> str:
 
 def _move_fronted(text: str) -> str:
   m = _FRONTED.match(text)
-  if not m or _PLACEHOLDER in m.group(1):
+  if not m or _PLACEHOLDER in m.group(1) + m.group(2) or len(m.group(2).split()) > 6:
     return text
   head, phrase, rest = m.group(1), m.group(2).strip(), m.group(3)
   end = ""

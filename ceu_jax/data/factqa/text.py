@@ -16,7 +16,7 @@ _ABBREVIATIONS = frozenset({
     "e.g", "i.e", "etc", "approx", "dept", "univ", "est", "jan", "feb", "mar", "apr",
     "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "fig", "al", "op", "ca",
 })
-_SENT_END = re.compile(r"[.!?]['\")\]]*(?=\s+[\"'(\[`A-Z0-9])")
+_SENT_END = re.compile(r"[.!?]['\")\]]*(?=\s+(?!'')[\"'(\[`A-Z0-9])")
 _TABLE_GAP = re.compile(r"\s{3,}")
 _CLAUSE_HARD = re.compile(r"\s*(?:;|:\s|\s[–—]\s|\s-\s-\s)\s*")
 _WORD = re.compile(r"[A-Za-z0-9]+(?:['’][A-Za-z]+)?")
