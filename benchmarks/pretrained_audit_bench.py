@@ -10,7 +10,8 @@ score the answer). Two ways to get the same 90 L_int values per example:
 * sequential: one full patched forward per probe (`patched_run`, through
   `nn.intercept_methods`), plus the clean recordings and the L+/L− runs.
 
-Both are timed after a warm-up (compile excluded) and must agree. Prints
+Both are timed after a warm-up that compiles them (compile excluded) and must
+agree. Prints
 probes/s (probe = one (layer, kind, example) intervention) and ends with
 `TARGET pretrained_audit_speedup <x> >= 10 PASS|MISS`.
 
@@ -81,34 +82,34 @@ def main():
                            spans_j, n)
     return jax.tree.map(np.asarray, out)
 
-  def sequential():
+  def sequential(layers=range(config.n_layers)):
     lp = answer_loglik(variables, config, bp.tokens, bp.valid, bp.answer_mask, n)
     lm = answer_loglik(variables, config, bm.tokens, bm.valid, bm.answer_mask, n)
     l_int = np.zeros((config.n_layers, n_kinds, args.batch), np.float32)
     for s in range(n_kinds):
       span = spans_j[s][:, :-1]
       clean = record_ports(variables, config, *bp.inputs, span, n)
-      for layer in range(config.n_layers):
+      for layer in layers:
         logits = patched_run(variables, config, *bm.inputs, jnp.int32(layer), clean, span, n,
                              n_logits=n)
         l_int[layer, s] = np.asarray(tail_loglik(logits, bm.tokens, bp.answer_mask))
     return {'L_plus': np.asarray(lp), 'L_minus': np.asarray(lm), 'L_int': l_int}
 
-  def timed(fn, name):
+  def timed(fn, name, warm):
     t0 = time.perf_counter()
-    out = fn()  # warm-up: compiles
+    warm()  # compiles
     compile_s = time.perf_counter() - t0
     best = float('inf')
     for _ in range(args.repeats):
       t0 = time.perf_counter()
       out = fn()
       best = min(best, time.perf_counter() - t0)
-    print(f'{name:>10}: first call {compile_s:7.2f} s, timed {best:7.2f} s, '
+    print(f'{name:>10}: warm-up {compile_s:7.2f} s, timed {best:7.2f} s, '
           f'{n_probes / best:8.2f} probes/s', flush=True)
     return out, best
 
-  f_out, f_s = timed(fast, 'fast')
-  s_out, s_s = timed(sequential, 'sequential')
+  f_out, f_s = timed(fast, 'fast', fast)
+  s_out, s_s = timed(sequential, 'sequential', lambda: sequential(layers=[0]))
   err = float(np.abs(f_out['L_int'] - s_out['L_int']).max())
   print(f'max |L_int fast - L_int sequential| = {err:.2e}')
   print(f"L+ = {np.round(f_out['L_plus'], 3)}  L- = {np.round(f_out['L_minus'], 3)}")

@@ -8,9 +8,6 @@ Shape legend: B batch, T tokens, S span kinds, L layers.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
-
 import numpy as np
 import pytest
 
@@ -69,8 +66,7 @@ def test_greedy_paris(lm):
 
 @needs_model
 def test_logits_match_numpy_reference(lm):
-  sys.path.insert(0, os.path.dirname(__file__))
-  import _pretrained_reference as R
+  from tests import _pretrained_reference as R
   from ceu_jax.pretrained import default_gguf_path, encode, forward_logits
   config, variables, tok = lm
   ids = encode(tok, 'Context: The Eiffel Tower is in Paris. Question: Where is it?')
@@ -172,14 +168,13 @@ def test_engine_patch_agrees(lm):
     pytest.skip('ceu_jax.engine.sites has no record/patch API yet')
   import jax
   import jax.numpy as jnp
-  from ceu_jax.pretrained import SmolLM, patched_run, record_ports, tail_loglik
+  from ceu_jax.pretrained import engine_loglik_fn, patched_run, record_ports, tail_loglik
   config, variables, tok = lm
   bp, bm, changed = _pair(tok)
   n = bp.n_tail
-
-  def loglik_fn(v, tokens):
-    logits = SmolLM(config).apply(v, tokens[:, :-1], jnp.asarray(bp.valid[:, :-1]), n_logits=n)
-    return tail_loglik(logits, tokens, jnp.asarray(bp.answer_mask))
+  loglik_fn = engine_loglik_fn(config, n)
+  assert engine_loglik_fn(config, n) is loglik_fn
+  as_inputs = lambda b: {'tokens': b.tokens, 'valid': b.valid, 'answer_mask': b.answer_mask}
 
   @jax.jit
   def engine(v, clean, corrupt, span):
@@ -188,7 +183,7 @@ def test_engine_patch_agrees(lm):
                        list(rec.values())[0], span_mask=span)
 
   span = jnp.asarray(changed[:, :-1])
-  got = np.asarray(engine(variables, bp.tokens, bm.tokens, span))
+  got = np.asarray(engine(variables, as_inputs(bp), as_inputs(bm), span))
   t = bp.tokens.shape[1] - 1
   clean = record_ports(variables, config, *bp.inputs, span, t)
   want = tail_loglik(patched_run(variables, config, *bm.inputs, jnp.int32(20), clean,
@@ -286,3 +281,15 @@ def test_damaged_file_clear_error(tmp_path, kind):
       path.write_bytes(f.read(2_000_000))
   with pytest.raises(gguf_loader.PretrainedModelError, match='damaged|not a GGUF'):
     gguf_loader.load_smollm2(str(path))
+
+
+@pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+def test_bit_flipped_file_detected(tmp_path):
+  """A same-size copy with one flipped byte is reported as damaged (sha256)."""
+  src = gguf_loader.default_gguf_path()
+  dst = tmp_path / gguf_loader.GGUF_FILENAME
+  data = bytearray(open(src, 'rb').read())
+  data[len(data) // 2] ^= 0xFF
+  dst.write_bytes(bytes(data))
+  with pytest.raises(gguf_loader.PretrainedModelError, match='damaged'):
+    gguf_loader.load_smollm2(str(dst))

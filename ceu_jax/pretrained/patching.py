@@ -15,9 +15,10 @@ Three layers of machinery:
   In a causal decoder a patch at positions ≥ t0 leaves every earlier position
   unchanged in every layer, so the tail queries attend to the corrupted run's
   cached keys/values at positions < t0 and to recomputed ones in the tail.
-  All probes run together through one `lax.scan` over layers: every probe runs through every layer on the
-  tail (probes entering later carry the corrupted residual until their layer),
-  L · S · L tail-layer passes in all, against L · S full forwards.
+  All probes run together through a few `lax.scan`s over groups of layers:
+  a probe joins at the start of its layer's group and carries the corrupted
+  residual until its layer, so about (1 + 1/groups) · L² · S / 2 tail-layer
+  passes replace L · S full forwards.
 
 Shape legend: B batch, T sequence length, n = n_tail / n_patch (last positions
 recomputed / patched, t0 = T − n), E width, H heads, K KV heads, Dh head dim,
@@ -77,6 +78,23 @@ def answer_loglik(variables: dict, config: SmolLMConfig, tokens: jax.Array,
   """
   logits = SmolLM(config).apply(variables, tokens[:, :-1], valid[:, :-1], n_logits=n_tail)
   return tail_loglik(logits, tokens, answer_mask)
+
+
+@functools.lru_cache(maxsize=None)
+def engine_loglik_fn(config: SmolLMConfig, n_tail: int):
+  """`loglik_fn(variables, inputs) -> [B]` for the generic engine (`ceu_jax.engine`).
+
+  inputs = {'tokens', 'valid', 'answer_mask'} [B, T] (an `EncodedBatch`'s
+  fields). Cached, so the engine sees one function object per (config,
+  n_tail) and compiles once. Sites: `layers_{i}/attn` (method `read`) with h
+  [B, T - 1, H, Dh]; span masks are over the T − 1 input positions.
+  """
+  def loglik_fn(variables, inputs):
+    tokens = inputs['tokens']
+    logits = SmolLM(config).apply(variables, tokens[:, :-1], inputs['valid'][:, :-1],
+                                  n_logits=n_tail)
+    return tail_loglik(logits, tokens, inputs['answer_mask'])
+  return loglik_fn
 
 
 @functools.partial(jax.jit, static_argnames=('config',))
@@ -211,14 +229,15 @@ def _layer_tail(p: dict, config: SmolLMConfig, x: jax.Array, k_pre: jax.Array,
 
 def fast_patch_hidden(variables: dict, config: SmolLMConfig, clean: dict,
                       corrupt: dict, span_masks: jax.Array, n_tail: int,
-                      tail_mask: Optional[jax.Array] = None) -> jax.Array:
+                      tail_mask: Optional[jax.Array] = None, groups: int = 5) -> jax.Array:
   """Final-norm hidden states [L, S, B, n, E] of every (layer, span) probe.
 
   clean/corrupt: caches of `SmolLM(..., return_cache=True)` on token-aligned
   inputs with the same `valid`. Probe (ℓ, s) is the corrupted run with the
   port of layer ℓ at the last n positions set to h − Π_S h + Π_S h_clean,
   S = span_masks[s] [B, N] (all True: the whole site). tail_mask [B, n]
-  restricts the patch to some of the tail positions (default: all).
+  restricts the patch to some of the tail positions (default: all). groups:
+  number of layer groups (static; more groups waste less work, compile more).
   """
   c = config
   params = variables['params']
@@ -231,33 +250,40 @@ def fast_patch_hidden(variables: dict, config: SmolLMConfig, clean: dict,
   mask = M.causal_mask(corrupt['valid'])[:, t0:]
   n_span = span_masks.shape[0]
   n_probe = c.n_layers * n_span
-  entry = jnp.repeat(jnp.arange(c.n_layers), n_span)  # [P] layer ℓ of each probe
+  entry = np.repeat(np.arange(c.n_layers), n_span)  # [P] layer ℓ of each probe
   delta = delta.reshape((n_probe,) + delta.shape[2:])  # [P, B, n, H, Dh]
-  stacked = jax.tree.map(lambda *a: jnp.stack(a),
-                         *[params[f'layers_{i}'] for i in range(c.n_layers)])
+  xs_all = (jax.tree.map(lambda *a: jnp.stack(a),
+                         *[params[f'layers_{i}'] for i in range(c.n_layers)]),
+            corrupt['x'][:, :, t0:], corrupt['k'][:, :, :t0], corrupt['v'][:, :, :t0],
+            jnp.arange(c.n_layers))
+  bounds = np.linspace(0, c.n_layers, min(groups, c.n_layers) + 1).round().astype(int)
+  x = jnp.zeros((0,) + corrupt['x'].shape[1:2] + (n_tail, c.width), corrupt['x'].dtype)
+  for lo, hi in zip(bounds[:-1], bounds[1:]):
+    # Layers lo..hi-1 form one lax.scan (one compiled body) over the probes that
+    # entered before hi; probes entering inside the group carry the corrupted
+    # run's residual until their layer. Groups bound the wasted work to about
+    # (1 + 1/groups) / 2 of a single scan over every probe and layer.
+    ent = jnp.asarray(entry[:hi * n_span])
+    dl = delta[:hi * n_span]
+    x = jnp.concatenate([x, jnp.zeros((hi * n_span - x.shape[0],) + x.shape[1:], x.dtype)])
 
-  def body(x, xs):
-    # All probes stay in flight: a probe entering at a later layer carries the
-    # corrupted run's residual (overwritten at entry), so one compiled body
-    # serves every layer (a Python-unrolled growing batch compiles ~10x slower).
-    p, x_corr, k_pre, v_pre, i = xs
-    x = jnp.where((entry >= i)[:, None, None, None], x_corr[None], x)
-    d = delta * (entry == i)[:, None, None, None, None].astype(delta.dtype)
-    return _layer_tail(p, c, x, k_pre, v_pre, positions, mask, d), None
+    def body(x, xs, ent=ent, dl=dl):
+      p, x_corr, k_pre, v_pre, i = xs
+      x = jnp.where((ent >= i)[:, None, None, None], x_corr[None], x)
+      d = dl * (ent == i)[:, None, None, None, None].astype(dl.dtype)
+      return _layer_tail(p, c, x, k_pre, v_pre, positions, mask, d), None
 
-  x0 = jnp.zeros((n_probe,) + corrupt['x'].shape[1:2] + (n_tail, c.width), corrupt['x'].dtype)
-  xs = (stacked, corrupt['x'][:, :, t0:], corrupt['k'][:, :, :t0], corrupt['v'][:, :, :t0],
-        jnp.arange(c.n_layers))
-  x, _ = jax.lax.scan(body, x0, xs)
+    x, _ = jax.lax.scan(body, x, jax.tree.map(lambda a: a[lo:hi], xs_all))
   x = M.rms_norm(x, params['final_norm']['scale'], c.norm_eps)
   return x.reshape((c.n_layers, n_span) + x.shape[1:])
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'n_tail', 'chunk'))
+@functools.partial(jax.jit, static_argnames=('config', 'n_tail', 'chunk', 'groups'))
 def fast_patch_audit(variables: dict, config: SmolLMConfig, clean_tokens: jax.Array,
                      corrupt_tokens: jax.Array, valid: jax.Array, answer_mask: jax.Array,
                      span_masks: jax.Array, n_tail: int,
-                     tail_mask: Optional[jax.Array] = None, chunk: int = 5) -> dict:
+                     tail_mask: Optional[jax.Array] = None, chunk: int = 5,
+                     groups: int = 5) -> dict:
   """Every-layer × every-span interchange audit in one compiled call.
 
   clean_tokens/corrupt_tokens [B, T] token-aligned (same `valid`, left-padded,
@@ -277,7 +303,8 @@ def fast_patch_audit(variables: dict, config: SmolLMConfig, clean_tokens: jax.Ar
                           return_cache=True)
   lr, corrupt = model.apply(variables, corrupt_tokens[:, :-1], valid_in, n_logits=n_tail,
                             return_cache=True)
-  hid = fast_patch_hidden(variables, config, clean, corrupt, span_masks, n_tail, tail_mask)
+  hid = fast_patch_hidden(variables, config, clean, corrupt, span_masks, n_tail, tail_mask,
+                          groups)
   emb = variables['params']['embed']['embedding']
   score = lambda h: tail_loglik(h @ emb.T, corrupt_tokens, answer_mask)  # [S, B]
   l_int = jax.lax.map(score, hid, batch_size=chunk)
