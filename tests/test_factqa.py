@@ -217,4 +217,7 @@ def test_config_file():
     c = factqa_config.get_config(arg)
     cfg = factqa.FactQAConfig.from_config(c.data)
     assert cfg.vocab.size == factqa.tokenizer.VOCAB_SIZE
-    assert c.data.task == "factqa" and c.cer.corruption in factqa.CORRUPTIONS
+    assert c.data.task == "factqa"
+    for name in (c.cer.corruption, *c.eval.corruptions):
+      factqa.corrupt(cfg, factqa.example_batch(cfg, 0, [factqa.load(cfg, "eval").usable[0]],
+                                               "eval"), name, 0)

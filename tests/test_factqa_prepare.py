@@ -170,6 +170,9 @@ def test_damaged_files_raise_clear_error(tmp_path, damage):
     storage.verify(root)
   with pytest.raises(storage.FactQADataError, match="python scripts/prepare_factqa.py"):
     storage.read_examples(root)
+  from ceu_jax.data.factqa import builder  # pylint: disable=import-outside-toplevel
+  with pytest.raises(storage.FactQADataError, match="python scripts/prepare_factqa.py"):
+    builder.get_builder(root, cache_dir=tmp_path / "cache")
 
 
 def test_missing_manifest_raises_clear_error(tmp_path):
