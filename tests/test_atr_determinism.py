@@ -19,15 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED, INDEX = 7, 3
 
 _CHILD = """
-import hashlib, sys
-import jax, numpy as np
 from ceu_jax.data import atr
 from tests.conftest import ATR_CONFIGS, BATCH
-batch = atr.generate_batch(ATR_CONFIGS["vfk_n128"], {seed}, {index}, BATCH)
-h = hashlib.sha256()
-for name in sorted(batch.__dataclass_fields__):
-  h.update(name.encode()); h.update(np.ascontiguousarray(np.asarray(getattr(batch, name))).tobytes())
-print(h.hexdigest())
+from tests.test_atr_determinism import digest
+print(digest(atr.generate_batch(ATR_CONFIGS["vfk_n128"], {seed}, {index}, BATCH)))
 """
 
 

@@ -33,8 +33,9 @@ def _allowed_span(cfg, corruption, plus):
   if corruption in ("evidence_swap", "paraphrase"):
     return plus.evidence_mask
   if corruption == "removal":
-    ev_passage = np.where(plus.evidence_mask.any(1), plus.passage_ids[np.arange(NUM),
-                                                                      plus.evidence_mask.argmax(1)], -1)
+    first_ev = plus.evidence_mask.argmax(1)
+    ev_passage = np.where(plus.evidence_mask.any(1),
+                          plus.passage_ids[np.arange(NUM), first_ev], -1)
     return plus.passage_ids == ev_passage[:, None]
   return (plus.line_ids >= 0) & ~plus.evidence_mask        # distractor_injection
 
