@@ -203,19 +203,26 @@ def add_substitutes(examples: list[Record], passages: dict[str, Record],
   for rec in examples:
     body = " ".join(passages[rec["passage_id"]]["sentences"])
     if rec["source"] == "squad":
-      rec["swap"] = _pick_swap(rec, body, pools.get(rec["answer_type"], {}), n_tokens)
+      sub = pools.get((rec["answer_type"], text.answer_subtype(rec["question"])), {})
+      rec["swap"] = (_pick_swap(rec, body, sub, n_tokens, max_gap=1)
+                     or _pick_swap(rec, body, pools.get(rec["answer_type"], {}), n_tokens))
     else:
       rec["swap_equal"] = _pick_swap(rec, body, nq_pools[rec["answer_type"]], n_tokens)
     rec["cf_answer"], rec["cf_swap"] = _invented_pair(rec, n_tokens)
 
 
-def _swap_pools(examples: list[Record], n_tokens: Callable[[str], int]) -> dict[str, dict]:
-  """SQuAD answers by type, then by token count: {type: {n_tokens: [(answer, title)]}}."""
+def _swap_pools(examples: list[Record], n_tokens: Callable[[str], int]) -> dict[Any, dict]:
+  """SQuAD answers by type (and by (type, question head noun)), then by token count:
+  {type: {n_tokens: [(answer, title)]}}."""
   flat = collections.defaultdict(set)
   for rec in examples:
     if rec["source"] == "squad":
       title = rec["passage_id"].rsplit(":", 1)[0]
-      flat[rec["answer_type"]].add((n_tokens(rec["answer"]), rec["answer"], title))
+      entry = (n_tokens(rec["answer"]), rec["answer"], title)
+      flat[rec["answer_type"]].add(entry)
+      sub = text.answer_subtype(rec["question"])
+      if sub:
+        flat[(rec["answer_type"], sub)].add(entry)
   return {k: _by_length(v) for k, v in flat.items()}
 
 
@@ -227,15 +234,15 @@ def _by_length(entries: Iterable[tuple[int, str, str]]) -> dict[int, list[tuple[
 
 
 def _pick_swap(rec: Record, body: str, pool: dict[int, list[tuple[str, str]]],
-               n_tokens: Callable[[str], int]) -> str:
-  """A substitute of the nearest token count (shorter first on ties): from a hashed
-  start, the first entry of another article that differs from the answer and does
-  not occur in the passage."""
+               n_tokens: Callable[[str], int], max_gap: int = 64) -> str:
+  """A substitute of the nearest token count (shorter first on ties, at most `max_gap`
+  away): from a hashed start, the first entry of another article that differs from
+  the answer and does not occur in the passage ('' if none)."""
   want = n_tokens(rec["answer"])
   title = rec["passage_id"].rsplit(":", 1)[0]
   ans = rec["answer"].lower()
   start = _hash_int(rec["id"] + "/swap")
-  for gap in range(0, 64):
+  for gap in range(0, max_gap + 1):
     for n in sorted({want - gap, want + gap}):
       bucket = pool.get(n, [])
       for k in range(len(bucket)):

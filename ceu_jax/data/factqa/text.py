@@ -153,7 +153,8 @@ def answer_type(question: str, answer: str) -> str:
     if _YEAR_RE.fullmatch(a) or any(q.startswith(p) for p in _DATE_Q):
       return "DATE"
     return "NUMBER"
-  if _is_dateish(a):
+  if _is_dateish(a) or re.fullmatch(r"(the\s+)?(early\s+|late\s+|mid-?\s*)?[0-9]{1,2}(st|nd|rd|th)"
+                                    r"(\s+|-)century(\s+(AD|BC|BCE|CE))?", a, re.I):
     return "DATE"
   if not is_capitalised(a):
     return "OTHER"
@@ -192,6 +193,24 @@ def question_kind(question: str) -> Optional[str]:
   if re.search(r"\b(and|or) (who|what|when|where|which)\b", q):
     return "multi_part_question"
   return None
+
+
+_GENERIC_HEADS = frozenset(("is", "was", "are", "were", "did", "does", "do", "has", "had",
+                            "have", "can", "could", "will", "would", "type", "kind", "name",
+                            "sort", "the", "a", "an", "other", "two", "one", "famous",
+                            "new", "first", "last", "specific", "particular"))
+
+
+def answer_subtype(question: str) -> str:
+  """The head noun of a 'what/which X' question ('war', 'airport'), singular; else ''."""
+  m = re.match(r"^(?:(?:in|on|at|from|to|by|for|of|during|with)\s+)?(?:what|which)\s+([a-z]+)",
+               " ".join(question.lower().split()))
+  if not m or m.group(1) in _GENERIC_HEADS:
+    return ""
+  word = m.group(1)
+  if word.endswith("ies"):
+    return word[:-3] + "y"
+  return word[:-1] if word.endswith("s") and not word.endswith("ss") else word
 
 
 def relation_key(question: str, atype: str) -> str:
