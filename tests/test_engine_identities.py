@@ -149,11 +149,11 @@ def test_multi_evidence_on_linear_model_has_no_interaction():
 
 # -------------------------------------------------------- independent reference
 
-def _random_probes(key, k, b, n, t, p):
-  ks = jax.random.split(key, 3)
-  return Probes(span=jax.random.bernoulli(ks[0], 0.5, (k, b, n)),
-                ports=jax.random.bernoulli(ks[1], 0.6, (k, p)),
-                positions=jax.random.bernoulli(ks[2], 0.7, (k, b, t)))
+def _random_probes(seed, k, b, n, t, p):
+  rng = np.random.default_rng(seed)
+  return Probes(span=jnp.asarray(rng.random((k, b, n)) < 0.5),
+                ports=jnp.asarray(rng.random((k, p)) < 0.6),
+                positions=jnp.asarray(rng.random((k, b, t)) < 0.7))
 
 
 @pytest.mark.parametrize("port", ["attn", "ssm"])
@@ -161,7 +161,7 @@ def test_engine_matches_python_loop_reference(port):
   model, v, clean, corrupt, ll, _ = toy(port)
   b, n = clean[1].shape
   t = clean[0].shape[1] + clean[2].shape[1]
-  probes = _random_probes(jax.random.key(7), 5, b, n, t, 2)
+  probes = _random_probes(7, 5, b, n, t, 2)
   # chunk_size=2: three chunks (one padded), lax.map over vmapped chunks.
   got = engine.audit(ll, v, clean, corrupt, SITE, probes, chunk_size=2)
   for k in range(5):
@@ -178,7 +178,7 @@ def test_many_probes_any_chunking_matches_reference(port):
   model, v, clean, corrupt, ll, _ = make(port, layers=3, b=4, n=16, seed=5)
   b, n = clean[1].shape
   t = clean[0].shape[1] + clean[2].shape[1]
-  probes = _random_probes(jax.random.key(11), 40, b, n, t, 2)
+  probes = _random_probes(11, 40, b, n, t, 2)
   site = Site("block_1/retrieval")
   results = [engine.audit(ll, v, clean, corrupt, site, probes, chunk_size=c,
                           hoist=h).L_int

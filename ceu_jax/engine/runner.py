@@ -24,8 +24,9 @@ import jax.numpy as jnp
 
 from ceu_jax.engine import scores
 from ceu_jax.engine.probes import Probes
-from ceu_jax.engine.sites import (APPROXIMATE, LoglikFn, Site, as_site, patch,
-                                  record, run_hooked, span_kind)
+from ceu_jax.engine.sites import (APPROXIMATE, EngineError, LoglikFn, Site,
+                                  as_site, patch, record, run_hooked,
+                                  span_kind)
 
 try:  # Loop-invariant hoisting uses JAX's partial evaluation (internal API).
   from jax._src.interpreters import partial_eval as _pe
@@ -95,6 +96,8 @@ def map_probes(fn: Callable[[Any, Probes], Any], consts: Any, probes: Probes,
   if hoist and _pe is not None:
     try:
       body = _hoisted(fn, consts, jax.tree.map(lambda m: m[0], chunks))
+    except EngineError:
+      raise
     except Exception as e:  # pylint: disable=broad-except
       warnings.warn(f"ceu_jax.engine: prefix hoisting failed ({e!r}); "
                     "evaluating chunks without it")
