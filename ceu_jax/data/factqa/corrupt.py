@@ -173,7 +173,7 @@ def corrupt(cfg: FactQAConfig, batch: RetrievalBatch, name: str, key: Any,
                       row["line_ids"], row["line_kind"])
     fields["distractor_mask"][r], fields["hard_negative_mask"][r] = view.kind_masks()
   fields["changed_mask"] = fields["changed_mask"] | (fields["context"] != before)
-  return batch.replace(**{f: jax.numpy.asarray(fields[f]) for f in _FIELDS})
+  return batch.replace(**{f: jax.device_put(fields[f]) for f in _FIELDS})
 
 
 def entity_swap(cfg, batch, key):

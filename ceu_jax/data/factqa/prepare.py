@@ -255,21 +255,31 @@ def _pick_swap(rec: Record, body: str, pool: dict[int, list[tuple[str, str]]],
 
 def _invented_pair(rec: Record, n_tokens: Callable[[str], int]) -> tuple[Optional[str],
                                                                         Optional[str]]:
+  """(cf_answer, cf_swap): invented names with the answer's word count and, where one
+  of 64 candidates allows, its token count (so the slice keeps the factual lengths)."""
   if rec["answer_type"] not in text.NAMEABLE_TYPES:
     return None, None
   n_words = len(rec["answer"].split())
-  cf = rewrite.invented_name(rec["id"] + "/cf", rec["answer_type"], n_words)
-  want, best = n_tokens(cf), None
+  want = n_tokens(rec["answer"])
+  cf = _closest_name(f"{rec['id']}/cf", rec["answer_type"], n_words, want, n_tokens, ())
+  swap = _closest_name(f"{rec['id']}/cf_swap", rec["answer_type"], n_words, want,
+                       n_tokens, (cf,))
+  return cf, swap
+
+
+def _closest_name(key: str, atype: str, n_words: int, want: int,
+                  n_tokens: Callable[[str], int], avoid: tuple[str, ...]) -> str:
+  best = None
   for k in range(64):
-    cand = rewrite.invented_name(f"{rec['id']}/cf_swap/{k}", rec["answer_type"], n_words)
-    if cand == cf:
+    cand = rewrite.invented_name(f"{key}/{k}", atype, n_words)
+    if cand in avoid:
       continue
     gap = abs(n_tokens(cand) - want)
     if best is None or gap < best[0]:
       best = (gap, cand)
     if gap == 0:
       break
-  return cf, best[1]
+  return best[1]
 
 
 def _hash_int(key: str) -> int:

@@ -139,7 +139,7 @@ def invented_name(key: str, atype: str, n_words: int) -> str:
   """An invented proper name of type `atype` with `n_words` words (1-3), from `key`."""
   rng = _stream(key)
   n_words = max(1, min(3, n_words))
-  words = [_word(rng, 2 + next(rng) % 2) for _ in range(n_words)]
+  words = [_word(rng, 1 + next(rng) % 2) for _ in range(n_words)]
   if atype == "PLACE":
     words[-1] = words[-1] + _PLACE_SUFFIX[next(rng) % len(_PLACE_SUFFIX)]
   return " ".join(words)

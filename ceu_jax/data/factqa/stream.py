@@ -18,7 +18,7 @@ import dataclasses
 import functools
 from typing import Optional
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from ceu_jax.data.factqa import items as items_lib
@@ -143,8 +143,8 @@ def _pad(ids: list[int], length: int) -> np.ndarray:
 
 
 def stack_rows(rows: list[dict[str, np.ndarray]], example_id: np.ndarray) -> RetrievalBatch:
-  fields = {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in rows[0]}
-  return RetrievalBatch(example_id=jnp.asarray(example_id, jnp.int32), **fields)
+  fields = {k: jax.device_put(np.stack([r[k] for r in rows])) for k in rows[0]}
+  return RetrievalBatch(example_id=jax.device_put(np.asarray(example_id, np.int32)), **fields)
 
 
 def generate_batch(cfg: FactQAConfig, seed: int, index: int, batch_size: int,
