@@ -140,6 +140,8 @@ def call_with_span(next_fun: Callable[..., Any], args: tuple, kwargs: dict,
   rewind_compact(module)
   try:
     return next_fun(*args, **kwargs)
+  except EngineError:
+    raise
   except (TypeError, ValueError) as e:
     raise MaskShapeError(
         f"site {site}: the port rejected span_mask of shape "
