@@ -92,9 +92,9 @@ def evidence_masks(cfg: ATRConfig, ev_line, has_evidence, paraphrased):
 def query_fields(cfg: ATRConfig, key: jax.Array):
   """(q_id, q_key, q_vals [A]) with the ρ prior applied to the gold values."""
   k_id, k_key, k_vals = jax.random.split(key, 3)
-  q_id = jax.random.randint(k_id, (), 0, cfg.n_ids)
-  q_key = jax.random.randint(k_key, (), 0, cfg.n_keys)
-  vals = jax.random.randint(k_vals, (cfg.answer_len,), 0, cfg.n_values)
+  q_id = atr_lines.randint(k_id, (), cfg.n_ids)
+  q_key = atr_lines.randint(k_key, (), cfg.n_keys)
+  vals = atr_lines.randint(k_vals, (cfg.answer_len,), cfg.n_values)
   vals = atr_lines.apply_prior(cfg, q_id[None], q_key[None], vals[None])[0]
   return q_id, q_key, vals
 
@@ -135,7 +135,7 @@ def _example(cfg: ATRConfig, key: jax.Array) -> dict:
   keys = jax.random.split(key, 8)
   q_id, q_key, q_vals = query_fields(cfg, keys[0])
   has_evidence = jax.random.uniform(keys[1]) >= cfg.eta
-  ev_line = jax.random.randint(keys[2], (), 0, cfg.num_lines)
+  ev_line = atr_lines.randint(keys[2], (), cfg.num_lines)
   kinds = atr_lines.sample_kinds(cfg, keys[3], cfg.num_lines, cfg.delta)
   ev_kind = jnp.where(has_evidence, int(LineKind.EVIDENCE), int(LineKind.DISTRACTOR))
   kinds = kinds.at[ev_line].set(ev_kind)
