@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from ceu_jax import engine, io, metrics, plotting
 from ceu_jax.data.types import LineKind, RetrievalBatch
-from ceu_jax.scores import gold_loglik
+from ceu_jax.scores import answer_correct, gold_loglik
 
 PROBES = ("ev", "dis", "ctrl")
 EXAMPLE_FIELDS = ("example_id", "corruption", "correct", "has_evidence", "L_plus", "L_minus",
@@ -72,8 +72,7 @@ def batch_probes(clean: RetrievalBatch, corrupt: RetrievalBatch, key: jax.Array)
 
 
 def _correct(model, variables, batch: RetrievalBatch) -> jax.Array:
-  logits = model.apply(variables, *batch.model_inputs())
-  return jnp.all(jnp.argmax(logits, -1) == batch.answer, axis=-1)
+  return answer_correct(model.apply(variables, *batch.model_inputs()), batch.answer)
 
 
 def audit_batch(model, variables, loglik_fn, site, clean: RetrievalBatch,

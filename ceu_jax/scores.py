@@ -14,6 +14,16 @@ def token_logliks(logits: jax.Array, answer: jax.Array) -> jax.Array:
   return jnp.take_along_axis(logp, answer[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
+PAD = 0  # answers shorter than A are right-padded with [PAD]
+
+
 def gold_loglik(logits: jax.Array, answer: jax.Array) -> jax.Array:
-  """log p(y* | q, D) [B]: the sum of per-token log-probabilities."""
-  return token_logliks(logits, answer).sum(axis=-1)
+  """log p(y* | q, D) [B]: the sum of per-token log-probabilities over the
+  answer's real tokens ([PAD] positions of right-padded answers do not count)."""
+  return jnp.where(answer != PAD, token_logliks(logits, answer), 0.0).sum(axis=-1)
+
+
+def answer_correct(logits: jax.Array, answer: jax.Array) -> jax.Array:
+  """[B] bool: the teacher-forced argmax equals y* at every real answer token."""
+  hit = (jnp.argmax(logits, axis=-1) == answer) | (answer == PAD)
+  return jnp.all(hit, axis=-1)
