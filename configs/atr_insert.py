@@ -77,6 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   r.grad_path = "all"                      # all | numerator (clean recording under stop_gradient)
   r.corruption = "value_swap"              # corruption giving D− for CER
   r.eps = 1e-3                             # ε of the stabilised CEU
+  r.gap_floor = 0.25                       # γ₀ (nats): CER terms scaled by gap/γ₀ below it (no 1/gap blow-up)
   r.site = -1                              # read port f: index into read_port_sites (-1 = deepest)
 
   c.eval = e = ml_collections.ConfigDict()

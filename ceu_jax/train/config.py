@@ -92,6 +92,7 @@ CER_FIELDS: dict[str, Callable[[Any], str | None]] = {
     "gamma": _ge(0), "lambda_noret": _ge(0), "beta0": _any_num, "k": _one_of(1, 2, 3),
     "grad_path": _one_of(*losses.GRAD_PATHS), "corruption": _one_of(*CER_CORRUPTIONS),
     "eps": lambda x: None if _is_num(x) and x > 0 else "must be > 0",
+    "gap_floor": lambda x: None if _is_num(x) and x > 0 else "must be > 0",
     "site": _any_int,
 }
 EVAL_FIELDS: dict[str, Callable[[Any], str | None]] = {

@@ -5,12 +5,20 @@ Per example (B rows):
   ℓ_task  = −L+ = −log p(y* | q, D+)
   ℓ_swap  = −(L+ − L−) (contrastive) or [γ − (L+ − L−)]_+ (hinge)
   ℓ_noret = [log p(y* | q, ∅) − β_0]_+ with ∅ the all-[PAD] context
-and the batch loss is the mean over the B rows. CEU here is the *unclipped*
-engine score (L_int − L−) / max(L+ − L−, ε) so that gradients flow; the clipped
-CEU is reported in the metrics. CER and swap terms apply only to rows whose D+
-holds the evidence and whose gap L+ − L− ≥ ε (others are degenerate: their CEU
-is undefined, SPEC §1); their share is the metric `cer_valid_frac`.
-The distractor term uses [CEU_dis]_+ so that a negative CEU_dis earns nothing.
+and the batch loss is the mean over the B rows. CEU in the loss is the
+*unclipped* score (L_int − L−) / (L+ − L−) so that gradients flow; the clipped
+engine CEU (denominator max(gap, ε)) is reported in the metrics. CER and swap
+terms apply only to rows whose D+ holds the evidence and whose gap
+L+ − L− ≥ ε (others are degenerate: their CEU is undefined, SPEC §1); their
+share is the metric `cer_valid_frac`. The distractor term uses [CEU_dis]_+ so
+that a negative CEU_dis earns nothing.
+
+Conditioning (`cer.gap_floor`, γ₀): a CEU ratio with a gap just above ε turns
+float noise and gradients into 1/gap-sized numbers (training blows up, and the
+loss is not reproducible across device layouts). The terms are written as
+  [α·gap − Δ_ev]_+ / max(gap, γ₀)   and   [Δ_dis]_+ / max(gap, γ₀),   Δ = L_int − L−,
+which equal [α − CEU_ev]_+ and [CEU_dis]_+ exactly when gap ≥ γ₀, and below γ₀
+are those terms scaled by gap/γ₀: continuous, bounded and well-conditioned.
 
 Intervened runs (L_int) come from the engine (`ceu_jax.engine.runner.
 intervened_logliks`): k probes per example, 'ev' (S = E(D+)), 'dis' (one
@@ -97,6 +105,7 @@ class LossConfig:
   grad_path: str = "all"
   corruption: str = "value_swap"
   eps: float = 1e-3
+  gap_floor: float = 0.25
 
   @classmethod
   def from_config(cls, cer: Any) -> "LossConfig":
@@ -184,19 +193,19 @@ def cer_loss(params: Any, model: nn.Module, site: str, clean: RetrievalBatch,
       l_int = runner.intervened_logliks(
           loglik, variables, ModelInputs.of(clean, frozen=frozen), ModelInputs.of(corrupt),
           site, probes, chunk_size=cfg.k, allow_approximate=allow_approximate)  # [K, B]
-      if frozen:   # denominator held constant: gradients only through L_int − L−
-        ceu_u = engine_scores.delta_int(l_int, l_minus) / jnp.maximum(gap_c, cfg.eps)
-      else:
-        ceu_u = engine_scores.ceu_unclipped(l_int, l_plus, l_minus, cfg.eps)   # [K, B]
-      ceu = jnp.clip(ceu_u, 0.0, 1.0)
-      ev_term = jnp.where(valid, jnp.maximum(cfg.alpha - ceu_u[0], 0.0), 0.0)
+      gap_g = gap_c if frozen else gap     # numerator mode: the gap is a constant
+      delta = engine_scores.delta_int(l_int, l_minus)                  # [K, B]
+      den = jnp.maximum(gap_g, cfg.gap_floor)
+      ceu = jnp.clip(engine_scores.ceu(l_int, l_plus, l_minus, cfg.eps), 0.0, 1.0)
+      # [α − CEU_ev]_+ for gap ≥ gap_floor; scaled by gap/gap_floor below it.
+      ev_term = jnp.where(valid, jnp.maximum(cfg.alpha * gap_g - delta[0], 0.0) / den, 0.0)
       per_example = per_example + cfg.lambda_ev * ev_term
       metrics.update(cer_ev=ev_term.mean(), ceu_ev=_masked_mean(ceu[0], valid))
       if cfg.k >= 2:
         dis_ok = valid & dis_found
         metrics["ceu_dis"] = _masked_mean(ceu[1], dis_ok)
         if cfg.uses_dis:
-          dis_term = jnp.where(dis_ok, jnp.maximum(ceu_u[1], 0.0), 0.0)
+          dis_term = jnp.where(dis_ok, jnp.maximum(delta[1], 0.0) / den, 0.0)
           per_example = per_example + cfg.lambda_dis * dis_term
           metrics["cer_dis"] = dis_term.mean()
       if cfg.k >= 3:

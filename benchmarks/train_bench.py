@@ -1,0 +1,103 @@
+r"""Step time of plain training vs CER with k = 1, 2, 3 probes (issue #5, item 7).
+
+  python -m benchmarks.train_bench                       # configs/atr_insert.py:tiny
+  python -m benchmarks.train_bench --config=configs/atr_insert.py:tiny,family=ssm \
+      --steps=20 --rounds=5
+
+Each variant is the real jitted `train_step` (same model, optimizer, batch) with
+`cer.regularizer` none (plain), evidence (k = 1) or evidence_distractor (k = 2,
+3). After compiling, the variants are timed in interleaved rounds of `--steps`
+steps each (so that background load hits all of them alike) and the median
+per-step time is reported with its ratio to plain. SPEC §4 expects about
+(2 + k) forwards per example for CER against 1 for plain training.
+The last line is `TARGET cer_k3_step_ratio <x> <= 3.0 PASS|MISS`.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from ceu_jax.train import config as config_lib
+from ceu_jax.train import sharding as sharding_lib
+from ceu_jax.train import state as state_lib
+from ceu_jax.train import task as task_lib
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", "configs/atr_insert.py:tiny", "Config file.",
+                                lock_config=False)
+flags.DEFINE_integer("steps", 10, "Timed steps per variant per round.")
+flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
+flags.DEFINE_float("target", 3.0, "Target CER(k=3) / plain step-time ratio.")
+
+VARIANTS = (("plain", "none", 1), ("cer_k1", "evidence", 1),
+            ("cer_k2", "evidence_distractor", 2), ("cer_k3", "evidence_distractor", 3))
+
+
+def build_variant(config, regularizer: str, k: int):
+  """(train_step, state, batch, rng) of one variant, compiled and warmed up."""
+  config = copy.deepcopy(config)
+  config.cer.regularizer, config.cer.k = regularizer, k
+  config_lib.validate(config, jax.device_count())
+  task = task_lib.build_task(config)
+  mesh = sharding_lib.make_mesh(config.sharding)
+  rules = sharding_lib.rules(config.sharding)
+  batch_sharding = sharding_lib.batch_sharding(config.sharding, mesh)
+  tx = state_lib.make_optimizer(config.train)
+  init_fn = state_lib.boxed_init_fn(task.model, tx, task.dummy_inputs)
+  rng = jax.random.PRNGKey(0)
+  _, shardings = sharding_lib.state_layout(init_fn, rng, mesh, rules)
+  state = sharding_lib.init_sharded(init_fn, rng, shardings, mesh, rules)
+  step = state_lib.make_train_step(task.model, tx, task.site, task.loss_cfg,
+                                   state_shardings=shardings, batch_sharding=batch_sharding,
+                                   axis_rules=rules, allow_approximate=task.approximate)
+  batch = sharding_lib.shard_batch(task_lib.train_batch(task, 0, int(config.train.batch_size)),
+                                   batch_sharding)
+  state, metrics = step(state, batch, rng)       # compile
+  jax.block_until_ready(metrics)
+  return [step, state, batch, rng]
+
+
+def time_steps(variant: list, n: int) -> float:
+  step, state, batch, rng = variant
+  jax.block_until_ready(state)
+  start = time.perf_counter()
+  for _ in range(n):
+    state, metrics = step(state, batch, rng)
+  jax.block_until_ready((state, metrics))
+  variant[1] = state
+  return (time.perf_counter() - start) / n
+
+
+def main(argv) -> None:
+  del argv
+  config = FLAGS.config
+  print(f"device: {jax.devices()[0].platform} x{jax.device_count()}; model "
+        f"{config.model.family}/{config.model.preset} bypass={config.model.bypass}; "
+        f"batch {config.train.batch_size}; context {config.data.context_len}")
+  variants = {}
+  for name, reg, k in VARIANTS:
+    t0 = time.perf_counter()
+    variants[name] = build_variant(config, reg, k)
+    print(f"compiled {name} in {time.perf_counter() - t0:.1f} s", flush=True)
+  times = {name: [] for name in variants}
+  for _ in range(FLAGS.rounds):
+    for name, v in variants.items():
+      times[name].append(time_steps(v, FLAGS.steps))
+  med = {name: statistics.median(ts) for name, ts in times.items()}
+  print(f"{'variant':<8} {'ms/step':>9} {'ratio':>6}  (median of {FLAGS.rounds} rounds x "
+        f"{FLAGS.steps} steps)")
+  for name, _, k in VARIANTS:
+    print(f"{name:<8} {1e3 * med[name]:9.2f} {med[name] / med['plain']:6.2f}"
+          + ("" if name == "plain" else f"  (SPEC ~{2 + k} forwards vs 1)"))
+  ratio = med["cer_k3"] / med["plain"]
+  verdict = "PASS" if ratio <= FLAGS.target else "MISS"
+  print(f"TARGET cer_k3_step_ratio {ratio:.2f} <= {FLAGS.target:.1f} {verdict}")
+
+
+if __name__ == "__main__":
+  app.run(main)

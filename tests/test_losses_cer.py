@@ -1,0 +1,143 @@
+"""The CER objective (SPEC §4) against independent computations from the engine."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import architectures
+from ceu_jax import engine
+from ceu_jax.data import atr, corruptions
+from ceu_jax.data.atr_config import ATRConfig
+from ceu_jax.scores import gold_loglik
+from ceu_jax.train import losses
+
+B = 8
+MODEL_CFG = dict(family="attention", preset="p100k", overrides=dict(
+    embed_dim=16, reader_mlp_dim=32, enc_mlp_dim=32, read_heads=2, read_head_dim=8,
+    reader_heads=2, reader_layers=1))
+
+
+@functools.lru_cache(maxsize=None)
+def _setup():
+  data = ATRConfig(context_len=64, n_ids=8, n_keys=8, n_values=8, n_filler=8)
+  model = architectures.build_model(MODEL_CFG, vocab_size=data.vocab.size,
+                                    context_len=data.context_len,
+                                    num_passages=data.num_passages, query_len=data.query_len,
+                                    answer_len=data.target_len)
+  params = architectures.init_params(model, jax.random.PRNGKey(3))["params"]
+  params = jax.tree.map(lambda p: p * 3.0, params)       # larger gaps than at init
+  clean = atr.generate_batch(data, 0, 0, B, "train")
+  corrupt = corruptions.corrupt(data, clean, "value_swap", jax.random.PRNGKey(1))
+  site = "/".join(architectures.read_port_sites(MODEL_CFG)[-1])
+  site = site.rsplit("/", 1)[0] + ":read"
+  return model, params, clean, corrupt, site
+
+
+def _loss(cfg, params=None):
+  model, p0, clean, corrupt, site = _setup()
+  fn = jax.jit(lambda p, k: losses.cer_loss(p, model, site, clean, corrupt, k, cfg))
+  return fn(p0 if params is None else params, jax.random.PRNGKey(7))
+
+
+def _reference(cfg):
+  """Terms computed from engine.audit and plain forwards (no training code)."""
+  model, params, clean, corrupt, site = _setup()
+  v = {"params": params}
+  loglik = losses.loglik_fn_for(model)
+  probes, dis_found = losses.probe_set(clean, corrupt, 3, jax.random.PRNGKey(7))
+  res = engine.audit(loglik, v, losses.ModelInputs.of(clean), losses.ModelInputs.of(corrupt),
+                     site, probes, eps=cfg.eps)
+  lp, lm = np.asarray(res.L_plus), np.asarray(res.L_minus)
+  cu = np.asarray(res.ceu_unclipped)
+  gap = lp - lm
+  valid = np.asarray(clean.has_evidence) & (gap >= cfg.eps)
+  empty = clean.replace(context=jnp.zeros_like(clean.context))
+  l0 = np.asarray(gold_loglik(model.apply(v, *empty.model_inputs()), clean.answer))
+  return dict(task=-lp, ev=np.where(valid, np.maximum(cfg.alpha - cu[0], 0), 0),
+              dis=np.where(valid & np.asarray(dis_found), np.maximum(cu[1], 0), 0),
+              gap=gap, noret=np.maximum(l0 - cfg.beta0, 0), valid=valid, ceu=cu)
+
+
+def test_plain_objective_is_task_nll():
+  model, params, clean, _, _ = _setup()
+  loss, m = _loss(losses.LossConfig(regularizer="none"))
+  want = -gold_loglik(model.apply({"params": params}, *clean.model_inputs()), clean.answer)
+  np.testing.assert_allclose(loss, want.mean(), rtol=1e-6)
+  assert "cer_ev" not in m and "gap" not in m
+
+
+def test_swap_and_noret_terms():
+  cfg = losses.LossConfig(regularizer="none", beta_swap=0.4, swap_form="contrastive",
+                          lambda_noret=0.3, beta0=-6.0)
+  ref = _reference(cfg)
+  want = (ref["task"] - cfg.beta_swap * ref["gap"] + cfg.lambda_noret * ref["noret"]).mean()
+  loss, m = _loss(cfg)
+  np.testing.assert_allclose(loss, want, rtol=2e-5)
+  assert "cer_ev" not in m and ref["noret"].max() > 0
+
+
+def test_full_objective_matches_engine_terms():
+  swap_form = "hinge"
+  cfg = losses.LossConfig(regularizer="evidence_distractor", lambda_ev=1.3, alpha=0.6,
+                          lambda_dis=0.7, beta_swap=0.4, swap_form=swap_form, gamma=2.0,
+                          lambda_noret=0.3, beta0=-3.0, k=3, eps=1e-3, gap_floor=1e-3)
+  ref = _reference(cfg)
+  assert ref["valid"].sum() >= 2 and (ref["ceu"][0][ref["valid"]] < cfg.alpha).any()
+  swap = -ref["gap"] if swap_form == "contrastive" else np.maximum(cfg.gamma - ref["gap"], 0)
+  want = (ref["task"] + cfg.lambda_ev * ref["ev"] + cfg.lambda_dis * ref["dis"]
+          + cfg.beta_swap * swap + cfg.lambda_noret * ref["noret"]).mean()
+  loss, m = _loss(cfg)
+  np.testing.assert_allclose(loss, want, rtol=2e-5)
+  np.testing.assert_allclose(m["cer_ev"], ref["ev"].mean(), rtol=2e-5, atol=1e-6)
+  assert {"ceu_ev", "ceu_dis", "ceu_ctrl", "cer_dis", "swap", "noret"} <= set(m)
+
+
+def test_gap_floor_scales_small_gaps_continuously():
+  base = losses.LossConfig(regularizer="evidence", k=1, gap_floor=1e-3)
+  ref = _reference(base)
+  floor = float(np.median(ref["gap"][ref["valid"]]))
+  cfg = dataclasses.replace(base, gap_floor=floor)
+  scale = np.where(ref["gap"] >= floor, 1.0, np.maximum(ref["gap"], 0) / floor)
+  want = (ref["task"] + cfg.lambda_ev * ref["ev"] * scale).mean()
+  loss, m = _loss(cfg)
+  np.testing.assert_allclose(loss, want, rtol=2e-5)
+  assert "ceu_ev" in m and not {"ceu_dis", "ceu_ctrl", "cer_dis"} & set(m)   # k = 1
+
+
+def test_numerator_grad_path_matches_manual_stop_gradient():
+  """grad_path=numerator: the clean recording and the denominator are constants."""
+  model, params, clean, corrupt, site = _setup()
+  cfg = losses.LossConfig(regularizer="evidence", k=1, grad_path="numerator",
+                          gap_floor=1e-3, lambda_ev=2.0)
+  probes, _ = losses.probe_set(clean, corrupt, 1, jax.random.PRNGKey(7))
+  loglik = losses.loglik_fn_for(model)
+
+  def manual(p):
+    v = {"params": p}
+    lp = loglik(v, losses.ModelInputs.of(clean))
+    lm = loglik(v, losses.ModelInputs.of(corrupt))
+    _, rec = engine.record(loglik, jax.lax.stop_gradient(v), losses.ModelInputs.of(clean),
+                           site, span_mask=probes.span[0])
+    li = engine.patch(loglik, v, losses.ModelInputs.of(corrupt), site, rec[engine.as_site(site)],
+                      span_mask=probes.span[0])
+    gap = jax.lax.stop_gradient(lp - lm)
+    valid = clean.has_evidence & (gap >= cfg.eps)
+    ev = jnp.where(valid, jnp.maximum(cfg.alpha - (li - lm) / jnp.maximum(gap, cfg.eps), 0), 0)
+    return (-lp + cfg.lambda_ev * ev).mean()
+
+  got = jax.grad(lambda p: losses.cer_loss(p, model, site, clean, corrupt,
+                                           jax.random.PRNGKey(7), cfg)[0])(params)
+  want = jax.grad(manual)(params)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+  all_path = jax.grad(lambda p: losses.cer_loss(
+      p, model, site, clean, corrupt, jax.random.PRNGKey(7),
+      dataclasses.replace(cfg, grad_path="all"))[0])(params)
+  diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(all_path),
+                                                         jax.tree.leaves(got)))
+  assert diff > 1e-6     # 'all' also differentiates the recording and the denominator
