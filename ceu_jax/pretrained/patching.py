@@ -199,6 +199,28 @@ def _tail_spans(cache: dict, span_masks: jax.Array, n: int) -> jax.Array:
   return jax.vmap(per_span, out_axes=1)(span_masks)
 
 
+def _attend_tail(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, k: jax.Array,
+                 v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Tail attention over shared prefix keys and per-probe tail keys.
+
+  q [P, B, n, H, Dh]; k_pre/v_pre [B, t0, K, Dh] (shared by all probes, never
+  broadcast); k/v [P, B, n, K, Dh]; mask [B, n, t0 + n]. Same softmax as
+  `model.attention_weights` over the concatenated keys; returns [P, B, n, H, Dh].
+  """
+  p, b, n, h, dh = q.shape
+  kv = k.shape[-2]
+  t0 = k_pre.shape[1]
+  qg = M._f32(q.reshape(p, b, n, kv, h // kv, dh))
+  s_pre = jnp.einsum('pbqkgd,bskd->pbkgqs', qg, k_pre.astype(qg.dtype))
+  s_new = jnp.einsum('pbqkgd,pbskd->pbkgqs', qg, k.astype(qg.dtype))
+  s = jnp.concatenate([s_pre, s_new], axis=-1) * (dh ** -0.5)
+  m = mask[None, :, None, None]  # [1, B, 1, 1, n, T]
+  a = jax.nn.softmax(jnp.where(m, s, M.NEG_INF), axis=-1) * m
+  out = (jnp.einsum('pbkgqs,bskd->pbqkgd', a[..., :t0], v_pre.astype(a.dtype))
+         + jnp.einsum('pbkgqs,pbskd->pbqkgd', a[..., t0:], v.astype(a.dtype)))
+  return out.reshape(p, b, n, h, dh)
+
+
 def _layer_tail(p: dict, config: SmolLMConfig, x: jax.Array, k_pre: jax.Array,
                 v_pre: jax.Array, positions: jax.Array, mask: jax.Array,
                 delta: jax.Array) -> jax.Array:
@@ -216,10 +238,7 @@ def _layer_tail(p: dict, config: SmolLMConfig, x: jax.Array, k_pre: jax.Array,
   v = (xn @ pa['v_proj']['kernel']).reshape(*lead, c.n_kv_heads, c.head_dim)
   q = M.apply_rope(q, positions, c.rope_base)
   k = M.apply_rope(k, positions, c.rope_base)
-  bc = lambda a: jnp.broadcast_to(a, x.shape[:1] + a.shape)
-  keys = jnp.concatenate([bc(k_pre), k], axis=-3)
-  values = jnp.concatenate([bc(v_pre), v], axis=-3)
-  h = M.read_values(M.attention_weights(q, keys, mask), values) + delta
+  h = _attend_tail(q, k_pre, v_pre, k, v, mask) + delta
   x = x + h.reshape(*lead, -1) @ pa['o_proj']['kernel']
   pm = p['mlp']
   xn = M.rms_norm(x, p['mlp_norm']['scale'], c.norm_eps)
