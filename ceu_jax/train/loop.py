@@ -112,7 +112,7 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
   train_step = state_lib.make_train_step(
       task.model, tx, task.site, task.loss_cfg, nan_step=int(t.debug_nan_step),
       state_shardings=shardings, batch_sharding=batch_sharding, axis_rules=rules,
-      lr_schedule=state_lib.learning_rate_schedule(t))
+      lr_schedule=state_lib.learning_rate_schedule(t), allow_approximate=task.approximate)
   evaluator = None
   eval_metrics: dict = {}
   last_train: dict = {}
@@ -140,68 +140,80 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
         f"{k}={v:.4g}" for k, v in metrics.items() if "/" not in k))
     return metrics, rows
 
-  with sharding_lib.mesh_context(mesh), nn.logical_axis_rules(rules), \
-      ckpt_lib.PreemptionHandler() as preempt:
-    tic, tic_step = time.time(), start
-    for step in range(start + 1, num_steps + 1):
-      batch = sharding_lib.shard_batch(task_lib.train_batch(task, step - 1, int(t.batch_size)),
-                                       batch_sharding)
-      state, metrics = train_step(state, batch, train_rng)
-      if not bool(jax.device_get(metrics["finite"])):
-        host = _host(metrics)
-        writer.write(step, "train", host)
-        msg = (f"non-finite loss or gradient at step {step} (loss={float(host['loss'])}, "
-               f"grad_norm={float(host['grad_norm'])}); stopping without checkpointing it")
-        ckpt.wait()
-        ckpt_lib.write_status(workdir, "diverged", step, msg)
-        writer.close()
-        logging.error(msg)
-        raise Diverged(step, msg)
-      _debug_kill(kill, "after_step", step)
-      _debug_kill(kill, "sigterm", step)
-      if step % int(t.log_every) == 0 or step == start + 1 or step == num_steps:
-        last_train = _host(metrics)
-        now = time.time()
-        perf = {"perf/steps_per_sec": (step - tic_step) / max(now - tic, 1e-9)}
-        tic, tic_step = now, step
-        writer.write(step, "train", {**last_train, **perf})
-        logging.info("step %d/%d loss=%.4f task_nll=%.4f grad_norm=%.3g (%.1f steps/s)", step,
-                     num_steps, float(last_train["loss"]), float(last_train["task_nll"]),
-                     float(last_train["grad_norm"]), perf["perf/steps_per_sec"])
-      evaluated = {}
-      if int(t.eval_every) and (step % int(t.eval_every) == 0 or step == num_steps):
-        eval_metrics, _ = run_eval(step)
-        evaluated = eval_metrics
-      if step % int(t.checkpoint_every) == 0 or step == num_steps:
-        save(step, evaluated)
-      if preempt.should_stop():
-        if saved_at != step:
+  last_step = [start]
+
+  def _loop() -> dict:
+    nonlocal state, eval_metrics, last_train
+    with sharding_lib.mesh_context(mesh), nn.logical_axis_rules(rules), \
+        ckpt_lib.PreemptionHandler() as preempt:
+      tic, tic_step = time.time(), start
+      for step in range(start + 1, num_steps + 1):
+        last_step[0] = step - 1
+        batch = sharding_lib.shard_batch(task_lib.train_batch(task, step - 1, int(t.batch_size)),
+                                         batch_sharding)
+        state, metrics = train_step(state, batch, train_rng)
+        if not bool(jax.device_get(metrics["finite"])):
+          host = _host(metrics)
+          writer.write(step, "train", host)
+          msg = (f"non-finite loss or gradient at step {step} (loss={float(host['loss'])}, "
+                 f"grad_norm={float(host['grad_norm'])}); stopping without checkpointing it")
+          ckpt.wait()
+          ckpt_lib.write_status(workdir, "diverged", step, msg)
+          writer.close()
+          logging.error(msg)
+          raise Diverged(step, msg)
+        _debug_kill(kill, "after_step", step)
+        _debug_kill(kill, "sigterm", step)
+        if step % int(t.log_every) == 0 or step == start + 1 or step == num_steps:
+          last_train = _host(metrics)
+          now = time.time()
+          perf = {"perf/steps_per_sec": (step - tic_step) / max(now - tic, 1e-9)}
+          tic, tic_step = now, step
+          writer.write(step, "train", {**last_train, **perf})
+          logging.info("step %d/%d loss=%.4f task_nll=%.4f grad_norm=%.3g (%.1f steps/s)", step,
+                       num_steps, float(last_train["loss"]), float(last_train["task_nll"]),
+                       float(last_train["grad_norm"]), perf["perf/steps_per_sec"])
+        evaluated = {}
+        if int(t.eval_every) and (step % int(t.eval_every) == 0 or step == num_steps):
+          eval_metrics, _ = run_eval(step)
+          evaluated = eval_metrics
+        if step % int(t.checkpoint_every) == 0 or step == num_steps:
           save(step, evaluated)
-        ckpt.close()
-        ckpt_lib.write_status(workdir, "preempted", step,
-                              f"signal {preempt.requested}; checkpoint saved at step {step}")
-        writer.close()
-        raise Preempted(step, preempt.requested or 0)
+        if preempt.should_stop():
+          if saved_at != step:
+            save(step, evaluated)
+          ckpt.close()
+          ckpt_lib.write_status(workdir, "preempted", step,
+                                f"signal {preempt.requested}; checkpoint saved at step {step}")
+          writer.close()
+          raise Preempted(step, preempt.requested or 0)
 
-    final_step = max(start, num_steps)
-    if saved_at != final_step:
-      save(final_step, eval_metrics)
-    ckpt.close()
-    result = {"step": final_step, "train": {k: float(v) for k, v in last_train.items()},
-              "eval": eval_metrics}
-    if int(t.eval_every):
-      if last_eval[0] != final_step:
-        eval_metrics, _ = run_eval(final_step)
-      result["eval"] = eval_metrics
-      result["final_eval"] = evaluator.final_summary(last_eval[1])
-      if jax.process_index() == 0:
-        ckpt_lib.write_json_atomic(os.path.join(workdir, "eval_final.json"),
-                                   {"step": final_step, "periodic": eval_metrics,
-                                    "summary": result["final_eval"]})
-  writer.close()
-  ckpt_lib.write_status(workdir, "completed", final_step)
-  return result
+      final_step = max(start, num_steps)
+      if saved_at != final_step:
+        save(final_step, eval_metrics)
+      ckpt.close()
+      result = {"step": final_step, "train": {k: float(v) for k, v in last_train.items()},
+                "eval": eval_metrics}
+      if int(t.eval_every):
+        if last_eval[0] != final_step:
+          eval_metrics, _ = run_eval(final_step)
+        result["eval"] = eval_metrics
+        result["final_eval"] = evaluator.final_summary(last_eval[1])
+        if jax.process_index() == 0:
+          ckpt_lib.write_json_atomic(os.path.join(workdir, "eval_final.json"),
+                                     {"step": final_step, "periodic": eval_metrics,
+                                      "summary": result["final_eval"]})
+    writer.close()
+    ckpt_lib.write_status(workdir, "completed", final_step)
+    return result
 
+  try:
+    return _loop()
+  except (Preempted, Diverged):
+    raise
+  except BaseException as e:  # status says why the run stopped, then re-raise
+    ckpt_lib.write_status(workdir, "failed", last_step[0], f"{type(e).__name__}: {e}"[:2000])
+    raise
 
 
 def load_trained_params(config: Any, workdir: str, *, model: nn.Module | None = None) -> dict:

@@ -51,7 +51,7 @@ from ceu_jax.data.types import RetrievalBatch
 from ceu_jax.engine import probes as probes_lib
 from ceu_jax.engine import runner
 from ceu_jax.engine import scores as engine_scores
-from ceu_jax.scores import gold_loglik, token_logliks
+from ceu_jax.scores import answer_correct, gold_loglik
 
 REGULARIZERS = ("none", "evidence", "evidence_distractor")
 SWAP_FORMS = ("contrastive", "hinge")
@@ -168,9 +168,8 @@ def cer_loss(params: Any, model: nn.Module, site: str, clean: RetrievalBatch,
   loglik = loglik_fn_for(model)
   variables = {"params": params}
   logits = model.apply(variables, *clean.model_inputs())
-  tok = token_logliks(logits, clean.answer)                    # [B, A]
-  l_plus = tok.sum(-1)                                         # [B]
-  correct = (jnp.argmax(logits, -1) == clean.answer).all(-1)
+  l_plus = gold_loglik(logits, clean.answer)                   # [B]
+  correct = answer_correct(logits, clean.answer)
   per_example = -l_plus
   metrics = {"task_nll": -l_plus.mean(), "train_em": correct.mean()}
 
