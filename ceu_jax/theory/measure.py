@@ -1,0 +1,143 @@
+"""Per-example measurements of trained ATR-insert models for the bound plots.
+
+Everything here runs a trained model; the statistics live in the other theory
+modules. Evaluation sets come from the generator itself
+(`data.atr.generate_batch` with test-time η and δ), corruptions from
+`data.corruptions`, CEU from the engine through `ceu_jax.audit.audit_batch`.
+
+Shape legend: B batch, N context, A answer tokens, V vocabulary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import architectures
+from ceu_jax import audit, engine
+from ceu_jax.audit_job import read_port
+from ceu_jax.data import atr, corruptions
+from ceu_jax.data.atr_config import ATRConfig
+from ceu_jax.data.types import RetrievalBatch
+from ceu_jax.theory import identifiability
+from ceu_jax.theory.upper_bound import logit_margin
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+  """A trained model with what the measurements need."""
+  name: str
+  data_cfg: ATRConfig
+  model: Any                 # flax module (hashable: a jit static argument)
+  variables: dict
+  site: str                  # read port path:method
+  approximate: bool          # span decomposition of the port is approximate
+  loglik_fn: Any             # one object per model (the engine caches on it)
+
+
+def load_trained(name: str, config, workdir: str) -> TrainedModel:
+  """The newest checkpoint of the training run `config` in `workdir`."""
+  from ceu_jax.train import load_trained_params
+  data_cfg = ATRConfig.from_config(config.data)
+  model = architectures.build_model(
+      config.model, vocab_size=data_cfg.vocab.size, context_len=data_cfg.context_len,
+      num_passages=data_cfg.num_passages, query_len=data_cfg.query_len,
+      answer_len=data_cfg.target_len)
+  variables = load_trained_params(config, workdir)
+  approximate = architectures.span_decomposition(config.model.family) != "exact"
+  return TrainedModel(name, data_cfg, model, variables, read_port(config),
+                      approximate, audit.make_loglik_fn(model))
+
+
+def eval_set(data_cfg: ATRConfig, seed: int, num: int, *, split: str = "test",
+             eta: float = 0.0, delta: float | None = None) -> RetrievalBatch:
+  """`num` examples of the generator at test-time η (and δ, default the config's)."""
+  cfg = dataclasses.replace(data_cfg, eta=float(eta),
+                            delta=data_cfg.delta if delta is None else float(delta))
+  return atr.generate_batch(cfg, seed, 0, num, split)
+
+
+def _slices(num: int, batch_size: int):
+  return [(s, min(s + batch_size, num)) for s in range(0, num, batch_size)]
+
+
+def _take(batch: RetrievalBatch, start: int, stop: int) -> RetrievalBatch:
+  return jax.tree_util.tree_map(lambda x: x[start:stop], batch)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(model, variables, inputs) -> jax.Array:
+  return model.apply(variables, *inputs)
+
+
+def logits(tm: TrainedModel, batch: RetrievalBatch) -> np.ndarray:
+  """Model logits [B, A, V] on a batch."""
+  return np.asarray(_logits(tm.model, tm.variables, batch.model_inputs()), np.float64)
+
+
+def measure_set(tm: TrainedModel, clean: RetrievalBatch, corruption: str,
+                key: jax.Array, *, batch_size: int = 128, chunk_size: int = 16,
+                eps: float = 1e-3) -> dict[str, np.ndarray]:
+  """Per-example rows ([B] arrays) of one evaluation set under one corruption.
+
+  Columns: correct, has_evidence, ceu_ev (NaN where degenerate), degenerate,
+  L_plus, L_minus, margin_plus / margin_minus (gold-vs-best-alternative logit
+  margin on D+ / D−, nats) and swap_margin = margin_plus − margin_minus.
+  """
+  corrupt = corruptions.corrupt(tm.data_cfg, clean, corruption, key)
+  parts = []
+  for i, (a, b) in enumerate(_slices(clean.batch_size, batch_size)):
+    c, d = _take(clean, a, b), _take(corrupt, a, b)
+    rows = audit.audit_batch(tm.model, tm.variables, tm.loglik_fn, tm.site, c, d,
+                             jax.random.fold_in(key, i), chunk_size=chunk_size,
+                             eps=eps, allow_approximate=tm.approximate)
+    gold = np.asarray(c.answer)
+    rows["margin_plus"] = logit_margin(logits(tm, c), gold)
+    rows["margin_minus"] = logit_margin(logits(tm, d), gold)
+    parts.append(rows)
+  out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  out["swap_margin"] = out["margin_plus"] - out["margin_minus"]
+  keep = ("correct", "has_evidence", "ceu_ev", "degenerate", "L_plus", "L_minus",
+          "margin_plus", "margin_minus", "swap_margin")
+  return {k: out[k] for k in keep}
+
+
+# --------------------------------------------------------------- T1
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _t1_logits(model, site: str, approximate: bool, variables, clean, corrupt, span):
+  """(z+, z−, z_int) [B, A, V]: z_int patches Π_S h_f(D+) into the run on D−."""
+  def logits_fn(v, inputs):
+    return model.apply(v, *inputs)
+  z_plus, rec = engine.record(logits_fn, variables, clean, site, span_mask=span,
+                              allow_approximate=approximate)
+  z_minus = logits_fn(variables, corrupt)
+  z_int = engine.patch(logits_fn, variables, corrupt, site, rec[engine.as_site(site)],
+                       span_mask=span, allow_approximate=approximate)
+  return z_plus, z_minus, z_int
+
+
+def t1_trained(tm: TrainedModel, clean: RetrievalBatch, corruption: str,
+               key: jax.Array, batch_size: int = 128
+               ) -> identifiability.T1Result:
+  """T1 on a trained model: evidence-span restoration in loglik vs logit space.
+
+  The intervened run is the engine's span patch with S = E(D+) at the read
+  port; the loglik_fn handed to the engine returns the full logit vectors, so
+  both restoration fractions come from the same three runs.
+  """
+  corrupt = corruptions.corrupt(tm.data_cfg, clean, corruption, key)
+  zs = []
+  for a, b in _slices(clean.batch_size, batch_size):
+    c, d = _take(clean, a, b), _take(corrupt, a, b)
+    out = _t1_logits(tm.model, tm.site, tm.approximate, tm.variables,
+                     c.model_inputs(), d.model_inputs(), c.evidence_mask)
+    zs.append([np.asarray(z, np.float64) for z in out])
+  z_plus, z_minus, z_int = (np.concatenate([z[i] for z in zs]) for i in range(3))
+  return identifiability.t1_from_logits(z_plus, z_minus, z_int,
+                                        np.asarray(clean.answer))
