@@ -62,7 +62,7 @@ def dummy_inputs(spec: ArchSpec, batch: int = 2):
 
 def init_params(model: RetrievalModel, rng: jax.Array, batch: int = 2):
   """Unboxed parameters of `model` (plain arrays)."""
-  variables = model.init(rng, *dummy_inputs(model.spec, batch))
+  variables = jax.jit(model.init)(rng, *dummy_inputs(model.spec, batch))
   return nn.meta.unbox(variables)
 
 

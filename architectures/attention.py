@@ -31,6 +31,8 @@ class AttentionEncoder(nn.Module):
     x = embed(context) + layers.sinusoid_positions(n, s.embed_dim)[None].astype(s.compute_dtype)
     x = layers.constrain(x, ("batch", "ctx", "embed"))
     x = layers.LocalMixer(s.mixer_width, s.compute_dtype, name="local_mixer")(x)
+    q_summary = layers.masked_mean(embed(query), query != 0)
+    x = layers.QueryFilm(s.compute_dtype, name="query_film")(x, q_summary)
     ctx_mask = context != 0
     mask = ctx_mask[:, None, None, :]
     for i in range(s.enc_layers):

@@ -172,6 +172,21 @@ class LocalMixer(nn.Module):
     return x + out
 
 
+class QueryFilm(nn.Module):
+  """Query-aware encoding: x ⊙ (1 + W q̄), q̄ the mean query embedding (W starts at 0).
+
+  The product lets the encoder's MLP compute match features between a context
+  token and the query (e.g. <e(ID_j), e(ID_q)>) before anything is read.
+  """
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, query_summary: jax.Array) -> jax.Array:
+    film = dense(x.shape[-1], ("embed", None), "film", jnp.float32,
+                 kernel_init=nn.initializers.zeros)(query_summary.astype(jnp.float32))
+    return (x * (1.0 + film[:, None, :])).astype(self.dtype)
+
+
 def causal_mask(length: int) -> jax.Array:
   """[1, 1, t, t] lower-triangular mask."""
   return jnp.tril(jnp.ones((length, length), bool))[None, None]

@@ -8,7 +8,9 @@ Write (method `write`): a passage-wise encoder (self-attention restricted to
 each passage) encodes the tokens; query-aware attention pooling writes passage m
 into slot (m, s):  pooled[m,s] = Σ_{n∈m} α[m,s,n] W_v e_n,  slot = pooled + MLP(pooled).
 Read port (site `reader/block_{i}/retrieval`, method `read`):
-  h_f[b, t, p, :] = a[b, t, p] · W_o^v slot_p      (a = softmax over ports)
+  h_f[b, t, p, :] = a[b, t, p] · W_o^v slot_p
+  a = softmax_p(<q_t, W_k slot_p> / sqrt(d) + relevance_p), relevance_p the log-partition
+  of passage p's pooling scores (so a · α is a softmax over all tokens, as in attention)
 Port-restricted patching is exact (ports are separate summands of the output).
 Span restriction goes through the slot encoder and is approximate
 (`span_decomposition = 'approximate'`): Π_S h_f uses the slots re-encoded from
@@ -37,15 +39,16 @@ class PassageEncoder(nn.Module):
     n = context.shape[1]
     x = embed(context) + layers.sinusoid_positions(n, s.embed_dim)[None].astype(s.compute_dtype)
     x = layers.LocalMixer(s.mixer_width, s.compute_dtype, name="local_mixer")(x, passage_ids)
+    q_summary = layers.masked_mean(embed(query), query != 0)
+    x = layers.QueryFilm(s.compute_dtype, name="query_film")(x, q_summary)
     same = passage_ids[:, :, None] == passage_ids[:, None, :]
     mask = (same & (context != 0)[:, None, :])[:, None]
     for i in range(s.enc_layers):
       x = layers.TransformerBlock(s.reader_heads, s.embed_dim // s.reader_heads,
                                   s.enc_mlp_dim, s.compute_dtype, name=f"block_{i}")(x, mask)
     x = layers.RMSNorm(s.compute_dtype, name="norm_out")(x)
-    q = layers.masked_mean(embed(query), query != 0)
     return {"encoded": layers.constrain(x, ("batch", "ctx", "embed")),
-            "query_summary": q, "passage_ids": passage_ids, "ctx_mask": context != 0}
+            "query_summary": q_summary, "passage_ids": passage_ids, "ctx_mask": context != 0}
 
 
 class MemoryPortRetrieval(nn.Module):
@@ -62,14 +65,14 @@ class MemoryPortRetrieval(nn.Module):
     self.slot_query = self.param(
         "slot_query", layers.logical(nn.initializers.normal(0.02), ("ports", "kv")),
         (s.mem_slots, d))
-    self.slot_mlp = layers.Mlp(2 * d, f32, name="slot_mlp")
+    self.slot_mlp = layers.Mlp(d, f32, name="slot_mlp")
     self.read_q = layers.dense(d, ("embed", "kv"), "read_query", f32)
     self.read_k = layers.dense(d, ("kv", None), "read_key", f32)
     self.read_v = layers.dense(d, ("kv", None), "read_value", f32)
     self.out_proj = layers.dense(s.embed_dim, ("kv", "embed"), "out", s.compute_dtype)
 
-  def pooling(self, memory: dict) -> jax.Array:
-    """Pooling weights α [b, m, s, n] (softmax over the tokens of passage m)."""
+  def pooling(self, memory: dict) -> tuple[jax.Array, jax.Array]:
+    """Pooling weights α [b, m, s, n] (softmax over passage m) and log-partitions [b, m, s]."""
     e = memory["encoded"].astype(jnp.float32)
     q = self.pool_q(memory["query_summary"])[:, None, :] + self.slot_query[None]  # [b,s,d]
     k = self.pool_k(e)                                                    # [b,n,d]
@@ -78,11 +81,12 @@ class MemoryPortRetrieval(nn.Module):
                   == jnp.arange(self.spec.num_passages)[None, :, None])  # [b,m,n]
     ok = in_passage & memory["ctx_mask"][:, None, :]
     logits = jnp.where(ok[:, :, None, :], logits[:, None], layers.NEG_INF)
-    return jax.nn.softmax(logits, axis=-1) * ok[:, :, None, :]
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return jax.nn.softmax(logits, axis=-1) * ok[:, :, None, :], lse
 
   def write(self, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
     """Slots [b, p, d]; with span_mask, slots re-encoded from the S part of pooling."""
-    alpha = self.pooling(memory)
+    alpha, _ = self.pooling(memory)
     v = self.pool_v(memory["encoded"].astype(jnp.float32))
     present = jnp.ones(alpha.shape[:3], jnp.float32)
     if span_mask is not None:
@@ -98,8 +102,10 @@ class MemoryPortRetrieval(nn.Module):
     enc = memory["encoded"]
     layers.check_span_mask(span_mask, enc.shape[0], enc.shape[1])
     slots = self.write(memory)
+    _, relevance = self.pooling(memory)                                   # [b,m,s]
     q = self.read_q(x.astype(jnp.float32))                               # [b,t,d]
     logits = jnp.einsum("btd,bpd->btp", q, self.read_k(slots)) / np.sqrt(self.spec.mem_dim)
+    logits = logits + relevance.reshape(relevance.shape[0], 1, -1)
     a = jax.nn.softmax(logits, axis=-1)
     if span_mask is not None:
       slots = self.write(memory, span_mask)

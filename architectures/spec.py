@@ -88,20 +88,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "p100k": dict(
         reader=dict(embed_dim=48, reader_layers=2, reader_heads=4, reader_mlp_dim=192),
         attention=dict(enc_layers=1, enc_mlp_dim=96, read_heads=4, read_head_dim=16),
-        ssm=dict(enc_layers=1, ssm_inner=60, ssm_state=8),
-        memory_port=dict(enc_layers=1, enc_mlp_dim=132, mem_dim=24),
+        ssm=dict(enc_layers=1, ssm_inner=64, ssm_state=8),
+        memory_port=dict(enc_layers=1, enc_mlp_dim=64, mem_dim=40),
     ),
     "p400k": dict(
         reader=dict(embed_dim=96, reader_layers=2, reader_heads=4, reader_mlp_dim=384),
         attention=dict(enc_layers=1, enc_mlp_dim=336, read_heads=4, read_head_dim=32),
-        ssm=dict(enc_layers=1, ssm_inner=144, ssm_state=16),
+        ssm=dict(enc_layers=1, ssm_inner=148, ssm_state=16),
         memory_port=dict(enc_layers=1, enc_mlp_dim=408, mem_dim=48),
     ),
     "p1500k": dict(
         reader=dict(embed_dim=160, reader_layers=3, reader_heads=8, reader_mlp_dim=640),
         attention=dict(enc_layers=2, enc_mlp_dim=160, read_heads=8, read_head_dim=40),
         ssm=dict(enc_layers=2, ssm_inner=228, ssm_state=8),
-        memory_port=dict(enc_layers=2, enc_mlp_dim=360, mem_dim=80),
+        memory_port=dict(enc_layers=2, enc_mlp_dim=340, mem_dim=80),
     ),
 }
 

@@ -20,7 +20,7 @@ passage p is read slot p (P = m ports). Because h_end = Σ_j (Π_{k>j} A_k) B_j 
 kept: exact (`span_decomposition = 'exact'`).
 
 State size vs the attention family: the reader reads P x c x s numbers per read
-layer (m * ssm_inner * ssm_state, e.g. 8 x 60 x 8 = 3840 at the p100k preset),
+layer (m * ssm_inner * ssm_state, e.g. 8 x 64 x 8 = 4096 at the p100k preset),
 independent of the context length N, whereas cross-attention keeps N x (h k)
 keys and N x (h k) values (2 x 128 x 64 = 16384 at N = 128, growing with N).
 """

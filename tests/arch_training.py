@@ -59,7 +59,8 @@ def train(model_cfg: dict, data: ATRConfig, *, steps: int, batch_size: int = 64,
   """AdamW + cosine schedule on fresh ATR-insert batches (teacher-forced NLL)."""
   model = build(model_cfg, data)
   params = architectures.init_params(model, jax.random.PRNGKey(seed))
-  sched = optax.warmup_cosine_decay_schedule(0.0, lr, min(warmup, steps), max(steps, 1),
+  warmup = min(warmup, max(steps // 2, 1))
+  sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1),
                                              lr * 0.05)
   opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.01))
   opt_state = opt.init(params)
@@ -100,6 +101,22 @@ def evaluate(result: TrainResult, data: ATRConfig, *, num_batches: int = 4,
   return float(jnp.concatenate(hits).mean())
 
 
+def mean_ablation(site: str) -> Callable:
+  """transform for `evaluate`: the read port's output replaced by its batch mean."""
+  def transform(model):
+    def interceptor(next_fun, args, kwargs, context):
+      out = next_fun(*args, **kwargs)
+      if context.method_name == "read" and "/".join(context.module.path) == site:
+        return jnp.broadcast_to(out.mean(0, keepdims=True), out.shape)
+      return out
+
+    def apply(params, *inputs):
+      with nn.intercept_methods(interceptor):
+        return model.apply(params, *inputs)
+    return apply
+  return transform
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--family", default="attention", choices=architectures.FAMILIES)
@@ -119,8 +136,11 @@ def main():
   res = train(cfg, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
               log_every=250, eval_every=args.eval_every, max_seconds=args.max_seconds)
   em = evaluate(res, data)
+  site = architectures.read_port_sites(cfg)[-1][0]
+  em_ablated = evaluate(res, data, transform=mean_ablation(site))
   print(f"RESULT family={args.family} preset={args.preset} steps={args.steps} "
-        f"steps_done={res.steps} batch={args.batch_size} seconds={res.seconds:.0f} eval_em={em:.4f}")
+        f"steps_done={res.steps} batch={args.batch_size} seconds={res.seconds:.0f} eval_em={em:.4f} "
+        f"eval_em_port_mean_ablated={em_ablated:.4f} (chance 1/{data.n_values})")
 
 
 if __name__ == "__main__":
