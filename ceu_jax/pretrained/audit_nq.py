@@ -1,0 +1,501 @@
+"""Layer profile of causal evidence usage in SmolLM2-135M on NQ knowledge conflicts (issue #9).
+
+  python -m experiments.audit_pretrained --config configs/smollm2_nq.py --workdir W
+
+Pairs (SPEC §1): D+ = the original Natural Questions passage, D− = the same
+passage with every mention of the gold answer replaced by a substitute entity,
+gold y* = the original answer, evidence span E = the answer mention(s). Span
+patching needs D+ and D− aligned token by token, so a substitute is kept only
+when the two prompts have the same token count and differ only inside the
+mention tokens. Substitutes are tried in order (`config.substitutes`): the
+dataset's own swap entity, the prepared same-type equal-length swap
+(`swap_equal`), then a same-type NQ answer drawn (seeded) among those with the
+answer's token count. Rows longer than `config.max_len` tokens are reported
+(count and ids), never truncated.
+
+Probes at every read port `layers_{ℓ}/attn:read` (ℓ = 0..29), patched at the
+answer positions only (the input positions whose logits score the gold
+answer), all through `fast_patch_audit`:
+  ev   — the evidence span E;
+  dis  — a distractor mention: another capitalised entity mention in the
+         passage with E's token count (falls back to another context span of
+         that length when the passage has none; `dis_kind` says which);
+  ctl  — a random context span of that length, disjoint from E (and from the
+         distractor when there is room); expected ≈ 0;
+  site — (optional) the whole read port: the layer's total share.
+
+Outputs in the workdir: batches/*.json (finished batches, kept on a rerun),
+examples.csv (one row per example × layer), summary.json (per layer and probe:
+mean CEU with a bootstrap 95% CI and n; degenerate gaps flagged and counted)
+and plots/layer_profile.{png,pdf}.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io as _io
+import json
+import os
+import re
+import time
+import zlib
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ceu_jax import io
+from ceu_jax.metrics import mean_ci
+from ceu_jax.metrics.summary import stabilised_ceu
+
+SPAN_PROBES = ('ev', 'dis', 'ctl')
+ENTITY_RE = re.compile(r"[A-Z][\w'.\-]*(?:\s+[A-Z][\w'.\-]*)*")
+CONTEXT_PREFIX = 'Context: '  # ceu_jax.pretrained.format_prompt starts with this
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """One token-aligned knowledge-conflict pair (positions index the unpadded prompt)."""
+  id: str
+  question: str
+  answer: str
+  substitute: str
+  swap_source: str  # dataset | swap_equal | drawn
+  clean_prompt: str
+  corrupt_prompt: str
+  prompt_tokens: int
+  answer_tokens: int
+  ev: tuple[int, ...]  # evidence token positions
+  dis: tuple[int, ...]  # distractor token positions
+  dis_kind: str  # entity | context
+  ctl: tuple[int, ...]  # control token positions
+
+  @property
+  def length(self) -> int:
+    """Tokens of prompt + answer (the encoded row)."""
+    return self.prompt_tokens + self.answer_tokens
+
+
+# ----------------------------------------------------------------------------
+# Pairs.
+# ----------------------------------------------------------------------------
+
+
+def nq_records(split: str) -> list[tuple[dict, str]]:
+  """(example record, passage text) of the shipped NQ items of `split`, by id."""
+  from ceu_jax.data.factqa import storage
+  passages = storage.read_passages()
+  recs = [e for e in storage.read_examples() if e['source'] == 'nq' and e['split'] == split]
+  if not recs:
+    raise ValueError(f'no NQ items in split {split!r} (train | validation | test)')
+  return [(e, ' '.join(passages[e['passage_id']]['sentences']))
+          for e in sorted(recs, key=lambda e: e['id'])]
+
+
+def _mentions(text: str, needle: str, lo: int, hi: int) -> list[tuple[int, int]]:
+  """Whole-word occurrences (start, end) of `needle` in text[lo:hi]."""
+  pat = re.compile(r'(?<!\w)' + re.escape(needle) + r'(?!\w)')
+  return [(m.start(), m.end()) for m in pat.finditer(text, lo, hi)]
+
+
+def _positions(offsets: Sequence[tuple[int, int]], ranges: Sequence[tuple[int, int]]
+               ) -> tuple[int, ...]:
+  """Token positions whose character offsets overlap any of the ranges."""
+  return tuple(j for j, (a, b) in enumerate(offsets)
+               if any(a < e and b > s for s, e in ranges))
+
+
+def _swap(context: str, mentions: list[tuple[int, int]], sub: str) -> tuple[str, list]:
+  """context with each mention replaced by sub, and the new mention ranges."""
+  out, ranges, last, shift = [], [], 0, 0
+  for s, e in mentions:
+    out.append(context[last:s] + sub)
+    ranges.append((s + shift, s + shift + len(sub)))
+    shift += len(sub) - (e - s)
+    last = e
+  return ''.join(out) + context[last:], ranges
+
+
+def _aligned(tok, clean: str, corrupt: str, ranges_p: list, ranges_m: list
+             ) -> Optional[tuple[Any, tuple[int, ...]]]:
+  """(clean encoding, evidence positions) when D+ and D− align token by token."""
+  ep = tok.encode(clean, add_special_tokens=False)
+  em = tok.encode(corrupt, add_special_tokens=False)
+  if len(ep.ids) != len(em.ids):
+    return None
+  ev = _positions(ep.offsets, ranges_p)
+  if not ev or ev != _positions(em.offsets, ranges_m):
+    return None
+  diff = {j for j, (a, b) in enumerate(zip(ep.ids, em.ids)) if a != b}
+  return (ep, ev) if diff and diff <= set(ev) else None
+
+
+def _rng(key: str, seed: int) -> np.random.Generator:
+  return np.random.default_rng([seed, zlib.crc32(key.encode())])
+
+
+def _context_positions(offsets, lo: int, hi: int) -> list[int]:
+  return [j for j, (a, b) in enumerate(offsets) if a >= lo - 1 and b <= hi and b > a]
+
+
+def _entity_spans(prompt: str, offsets, lo: int, hi: int, k: int, answer: str,
+                  banned: set[int]) -> tuple[list, list]:
+  """Capitalised mentions with k tokens: (whole mentions, sub-mentions)."""
+  whole, sub = [], []
+  for m in ENTITY_RE.finditer(prompt, lo, hi):
+    words = [(w.start(), w.end()) for w in re.finditer(r'\S+', m.group())]
+    for i in range(len(words)):
+      for j in range(i, len(words)):
+        s, e = m.start() + words[i][0], m.start() + words[j][1]
+        pos = _positions(offsets, [(s, e)])
+        if (len(pos) != k or banned & set(pos) or answer in prompt[s:e]
+            or pos != tuple(range(pos[0], pos[0] + k))):
+          continue
+        (whole if (i, j) == (0, len(words) - 1) else sub).append(pos)
+  return whole, sub
+
+
+def _windows(ctx: list[int], k: int, banned: set[int]) -> list[tuple[int, ...]]:
+  """Contiguous k-token windows of context positions avoiding `banned`."""
+  cs = set(ctx)
+  return [tuple(range(s, s + k)) for s in ctx
+          if all(p in cs and p not in banned for p in range(s, s + k))]
+
+
+def _probe_spans(prompt: str, enc, lo: int, hi: int, ev: tuple[int, ...], answer: str,
+                 rng: np.random.Generator) -> Optional[tuple]:
+  """(dis, dis_kind, ctl) token positions, or None when the context has no room."""
+  k, evs = len(ev), set(ev)
+  whole, sub = _entity_spans(prompt, enc.offsets, lo, hi, k, answer, evs)
+  ctx = _context_positions(enc.offsets, lo, hi)
+  if whole or sub:
+    pool, kind = (whole or sub), 'entity'
+  else:
+    pool, kind = _windows(ctx, k, evs), 'context'
+  if not pool:
+    return None
+  dis = pool[rng.integers(len(pool))]
+  ctl_pool = _windows(ctx, k, evs | set(dis)) or _windows(ctx, k, evs)
+  ctl = ctl_pool[rng.integers(len(ctl_pool))]
+  return dis, kind, ctl
+
+
+def _drawn_pool(tok, records: list[tuple[dict, str]]) -> dict[tuple[str, int], list[str]]:
+  """Other NQ answers by (answer type, token count of ' ' + answer)."""
+  from ceu_jax.pretrained.tokenizer import encode
+  pool: dict[tuple[str, int], list[str]] = {}
+  for e, _ in records:
+    key = (e['answer_type'], len(encode(tok, ' ' + e['answer'])))
+    pool.setdefault(key, []).append(e['answer'])
+  return {k: sorted(set(v)) for k, v in pool.items()}
+
+
+def _candidates(rec: dict, pool: dict, n_ans: int, sources: Sequence[str],
+                rng: np.random.Generator, n_draws: int) -> list[tuple[str, str]]:
+  """(substitute, source) in the order to try them."""
+  out = [(rec.get('swap'), 'dataset'), (rec.get('swap_equal'), 'swap_equal')]
+  drawn = pool.get((rec['answer_type'], n_ans), [])
+  if drawn:
+    out += [(drawn[i], 'drawn') for i in rng.permutation(len(drawn))[:n_draws]]
+  return [(s, src) for s, src in out if s and src in sources and s != rec['answer']]
+
+
+def make_pair(tok, rec: dict, context: str, pool: dict, config) -> tuple[Optional[Pair], str]:
+  """(Pair, 'kept') or (None, reason) for one NQ item."""
+  from ceu_jax.pretrained.tokenizer import encode, format_prompt
+  prompt = format_prompt(context, rec['question'])
+  lo = len(CONTEXT_PREFIX)
+  hi = lo + len(context.strip())
+  mentions = _mentions(prompt, rec['answer'], lo, hi)
+  if not mentions:
+    return None, 'answer_not_in_context'
+  n_ans = len(encode(tok, ' ' + rec['answer']))
+  n_prompt = len(encode(tok, prompt))
+  if n_ans > config.max_answer_tokens:
+    return None, 'answer_too_long'
+  if n_prompt + n_ans > config.max_len:
+    return None, 'too_long'
+  rng = _rng(rec['id'], config.seed)
+  for sub, src in _candidates(rec, pool, n_ans, config.substitutes, rng, config.n_draws):
+    if _mentions(prompt, sub, lo, hi):
+      continue
+    corrupt, ranges_m = _swap(prompt, mentions, sub)
+    got = _aligned(tok, prompt, corrupt, mentions, ranges_m)
+    if got is None:
+      continue
+    enc, ev = got
+    spans = _probe_spans(prompt, enc, lo, hi, ev, rec['answer'], rng)
+    if spans is None:
+      return None, 'no_room_for_probes'
+    dis, kind, ctl = spans
+    return Pair(rec['id'], rec['question'], rec['answer'], sub, src, prompt, corrupt,
+                len(enc.ids), n_ans, ev, dis, kind, ctl), 'kept'
+  return None, 'no_aligned_substitute'
+
+
+def build_pairs(tok, config) -> tuple[list[Pair], dict]:
+  """The audited pairs (≤ config.num_pairs, seeded order) and the selection report."""
+  records = nq_records(config.split)
+  pool = _drawn_pool(tok, records)
+  if config.max_items:
+    records = records[:config.max_items]
+  kept, reasons = [], {}
+  for rec, context in records:
+    pair, why = make_pair(tok, rec, context, pool, config)
+    if pair is None:
+      reasons.setdefault(why, []).append(rec['id'])
+    else:
+      kept.append(pair)
+  order = np.random.default_rng(config.seed).permutation(len(kept))
+  chosen = sorted((kept[i] for i in order[:config.num_pairs]), key=lambda p: p.id)
+  n = len(records)
+  by_src = {s: sum(p.swap_source == s for p in kept) for s in ('dataset', 'swap_equal', 'drawn')}
+  report = {
+      'split': config.split, 'items': n, 'kept': len(kept), 'share_kept': len(kept) / n,
+      'kept_by_substitute': by_src,
+      'share_kept_dataset_swap_only': by_src['dataset'] / n,
+      'dropped': {k: len(v) for k, v in sorted(reasons.items())},
+      'too_long': {'max_len': config.max_len, 'count': len(reasons.get('too_long', [])),
+                   'ids': reasons.get('too_long', [])},
+      'dropped_ids': {k: v for k, v in sorted(reasons.items()) if k != 'too_long'},
+      'audited': len(chosen),
+      'audited_dis_kind': {k: sum(p.dis_kind == k for p in chosen)
+                           for k in ('entity', 'context')},
+  }
+  return chosen, report
+
+
+# ----------------------------------------------------------------------------
+# Batches.
+# ----------------------------------------------------------------------------
+
+
+def _bucket(x: int, buckets: Sequence[int]) -> int:
+  return next(b for b in sorted(buckets) if b >= x)
+
+
+def plan_batches(pairs: Sequence[Pair], config) -> list[dict]:
+  """Fixed-shape batches: [{'ids', 'pad_to', 'n_tail'}], grouped by length buckets."""
+  groups: dict[tuple[int, int], list[Pair]] = {}
+  for p in pairs:
+    key = (_bucket(p.length, config.length_buckets), _bucket(p.answer_tokens, config.tail_buckets))
+    groups.setdefault(key, []).append(p)
+  plan = []
+  for (pad_to, n_tail), ps in sorted(groups.items()):
+    for i in range(0, len(ps), config.batch_size):
+      plan.append({'ids': [p.id for p in ps[i:i + config.batch_size]], 'pad_to': pad_to,
+                   'n_tail': n_tail})
+  return plan
+
+
+def batch_arrays(tok, pairs: Sequence[Pair], batch_size: int, pad_to: int) -> dict:
+  """Encoded clean/corrupt rows and [S, B, T] probe masks; short batches repeat a row."""
+  from ceu_jax.pretrained.tokenizer import encode_batch
+  rows = list(pairs) + [pairs[-1]] * (batch_size - len(pairs))
+  answers = [p.answer for p in rows]
+  bp = encode_batch(tok, [p.clean_prompt for p in rows], answers, pad_to=pad_to)
+  bm = encode_batch(tok, [p.corrupt_prompt for p in rows], answers, pad_to=pad_to)
+  if not ((bp.valid == bm.valid).all() and (bp.answer_mask == bm.answer_mask).all()):
+    raise AssertionError('clean and corrupted rows are not token-aligned')
+  masks = np.zeros((len(SPAN_PROBES),) + bp.valid.shape, bool)
+  for i, p in enumerate(rows):
+    off = pad_to - p.length
+    for s, name in enumerate(SPAN_PROBES):
+      masks[s, i, off + np.asarray(getattr(p, name))] = True
+  if ((bp.tokens != bm.tokens) & ~masks[0]).any():
+    raise AssertionError('D+ and D− differ outside the evidence span')
+  return {'clean': bp.tokens, 'corrupt': bm.tokens, 'valid': bp.valid,
+          'answer_mask': bp.answer_mask, 'spans': masks}
+
+
+def audit_batch(variables: dict, model_config, arrays: dict, n_tail: int,
+                site: bool) -> dict[str, np.ndarray]:
+  """{'L_plus' [B], 'L_minus' [B], 'L_int' [L, S, B]} at the answer positions."""
+  from ceu_jax.pretrained.patching import fast_patch_audit
+  spans = arrays['spans']
+  if site:
+    spans = np.concatenate([spans, np.ones_like(spans[:1])])
+  out = fast_patch_audit(variables, model_config, arrays['clean'], arrays['corrupt'],
+                         arrays['valid'], arrays['answer_mask'], spans, n_tail,
+                         tail_mask=arrays['answer_mask'][:, -n_tail:])
+  return {k: np.asarray(v, np.float64) for k, v in out.items()}
+
+
+def batch_rows(pairs: Sequence[Pair], out: dict, probes: Sequence[str]) -> list[dict]:
+  """One row per (example, layer) with the gold log-likelihoods of every probe."""
+  rows = []
+  for i, p in enumerate(pairs):
+    base = {'id': p.id, 'swap_source': p.swap_source, 'substitute': p.substitute,
+            'answer': p.answer, 'dis_kind': p.dis_kind, 'tokens': p.length,
+            'answer_tokens': p.answer_tokens, 'span_tokens': len(p.ev),
+            'L_plus': out['L_plus'][i], 'L_minus': out['L_minus'][i]}
+    for layer in range(out['L_int'].shape[0]):
+      row = dict(base, layer=layer)
+      for s, name in enumerate(probes):
+        row[f'L_int_{name}'] = out['L_int'][layer, s, i]
+      rows.append(row)
+  return rows
+
+
+# ----------------------------------------------------------------------------
+# Summary and plot.
+# ----------------------------------------------------------------------------
+
+
+def _agg(x: np.ndarray, config) -> dict:
+  return mean_ci(x, num_resamples=config.num_resamples, seed=config.seed).to_dict()
+
+
+def add_ceu(rows: list[dict], probes: Sequence[str], eps: float) -> None:
+  """Adds gap, degenerate and ceu_{probe} (None when degenerate) to each row."""
+  for r in rows:
+    r['gap'] = r['L_plus'] - r['L_minus']
+    r['degenerate'] = bool(r['gap'] < eps)
+    for name in probes:
+      c, _ = stabilised_ceu(np.array([r[f'L_int_{name}']]), np.array([r['L_minus']]),
+                            np.array([r['L_plus']]), eps)
+      r[f'ceu_{name}'] = None if r['degenerate'] else float(c[0])
+
+
+def _peak(per_layer: list[dict], name: str) -> Optional[int]:
+  """Layer with the largest mean CEU of a probe (None when no layer has one)."""
+  vals = [(e[name]['ceu']['value'], e['layer']) for e in per_layer
+          if e[name]['ceu']['value'] is not None]
+  return max(vals)[1] if vals else None
+
+
+def summarize(rows: list[dict], probes: Sequence[str], n_layers: int, config) -> dict:
+  """Per layer and probe: mean CEU and mean Δ = L_int − L− with bootstrap CIs."""
+  first = [r for r in rows if r['layer'] == 0]
+  degenerate = sorted(r['id'] for r in first if r['degenerate'])
+  per_layer = []
+  for layer in range(n_layers):
+    rs = [r for r in rows if r['layer'] == layer and not r['degenerate']]
+    entry = {'layer': layer}
+    for name in probes:
+      entry[name] = {'ceu': _agg(np.array([r[f'ceu_{name}'] for r in rs]), config),
+                     'delta': _agg(np.array([r[f'L_int_{name}'] - r['L_minus'] for r in rs]),
+                                   config)}
+    per_layer.append(entry)
+  peak = {name: _peak(per_layer, name) for name in probes}
+  return {
+      'n_examples': len(first), 'n_degenerate': len(degenerate), 'degenerate_ids': degenerate,
+      'eps': config.eps,
+      'L_plus': _agg(np.array([r['L_plus'] for r in first]), config),
+      'L_minus': _agg(np.array([r['L_minus'] for r in first]), config),
+      'gap': _agg(np.array([r['gap'] for r in first]), config),
+      'per_layer': per_layer, 'peak_layer': peak,
+  }
+
+
+LABELS = {'ev': 'CEU_ev (evidence span)', 'dis': 'CEU_dis (distractor mention)',
+          'ctl': 'control (random span)', 'site': 'whole read port'}
+
+
+def plot_profile(summary: dict, probes: Sequence[str], stem: str) -> list[str]:
+  """CEU by layer per probe with 95% CI bands -> stem.{png,pdf}."""
+  from matplotlib.figure import Figure
+
+  from ceu_jax.plotting import save_figure
+  fig = Figure(figsize=(7, 4))
+  ax = fig.add_subplot()
+  layers = [e['layer'] for e in summary['per_layer']]
+  for name in probes:
+    agg = [e[name]['ceu'] for e in summary['per_layer']]
+    val = np.array([a['value'] if a['value'] is not None else np.nan for a in agg])
+    lo = np.array([a['ci_low'] if a['ci_low'] is not None else np.nan for a in agg])
+    hi = np.array([a['ci_high'] if a['ci_high'] is not None else np.nan for a in agg])
+    line, = ax.plot(layers, val, marker='o', ms=3, label=LABELS[name],
+                    ls='--' if name == 'site' else '-')
+    ax.fill_between(layers, lo, hi, color=line.get_color(), alpha=0.2)
+  n = summary['n_examples'] - summary['n_degenerate']
+  ax.set(xlabel='layer ℓ (read port layers_ℓ/attn, answer positions)', ylabel='mean CEU',
+         title=f'SmolLM2-135M, NQ knowledge conflicts (n={n}, 95% bootstrap CI)')
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+  return save_figure(fig, stem)
+
+
+# ----------------------------------------------------------------------------
+# Driver.
+# ----------------------------------------------------------------------------
+
+
+COLUMNS = ('id', 'layer', 'answer', 'substitute', 'swap_source', 'dis_kind', 'tokens',
+           'answer_tokens', 'span_tokens', 'L_plus', 'L_minus', 'gap', 'degenerate')
+
+
+def _write_csv(path: str, rows: list[dict], probes: Sequence[str]) -> None:
+  cols = (list(COLUMNS) + [f'L_int_{p}' for p in probes] + [f'ceu_{p}' for p in probes])
+  buf = _io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=cols, lineterminator='\n')
+  w.writeheader()
+  w.writerows({k: ('' if v is None else v) for k, v in r.items()} for r in rows)
+  io.write_text_atomic(path, buf.getvalue())
+
+
+def _check_plan(workdir: str, plan: list[dict]) -> None:
+  """Writes plan.json, or checks that a rerun plans the same batches."""
+  path = os.path.join(workdir, 'plan.json')
+  if os.path.exists(path) and io.read_json(path) != plan:
+    raise ValueError(f'{path} was planned under another config; use a fresh workdir')
+  io.write_json_atomic(path, plan)
+
+
+def _log(msg: str) -> None:
+  print(f'[audit_pretrained] {msg}', flush=True)
+
+
+def run_batches(config, workdir: str, tok, pairs: list[Pair], plan: list[dict],
+                probes: Sequence[str]) -> list[dict]:
+  """Audits every planned batch not already in workdir/batches; returns all rows."""
+  from ceu_jax.pretrained import load_smollm2
+  by_id = {p.id: p for p in pairs}
+  model = None
+  rows, t_start, done_now = [], time.time(), 0
+  for b, spec in enumerate(plan):
+    path = os.path.join(workdir, 'batches', f'{b:05d}.json')
+    if os.path.exists(path):
+      rows += io.read_json(path)
+      continue
+    if model is None:
+      model = load_smollm2(config.gguf_path or None, n_layers=config.n_layers or None)
+    ps = [by_id[i] for i in spec['ids']]
+    arrays = batch_arrays(tok, ps, config.batch_size, spec['pad_to'])
+    out = audit_batch(model[1], model[0], arrays, spec['n_tail'], 'site' in probes)
+    new = batch_rows(ps, out, probes)
+    io.write_json_atomic(path, new)
+    rows += new
+    done_now += 1
+    el = time.time() - t_start
+    _log(f'batch {b + 1}/{len(plan)} (T={spec["pad_to"]}, n_tail={spec["n_tail"]}) '
+         f'{el:.0f}s elapsed, ~{el / done_now * (len(plan) - b - 1):.0f}s left')
+  return rows
+
+
+def run_pretrained_audit(config, workdir: str) -> dict:
+  """Runs (or resumes) the audit; writes examples.csv, summary.json, plots/; returns the summary."""
+  from ceu_jax.pretrained import load_tokenizer
+  t0 = time.time()
+  os.makedirs(os.path.join(workdir, 'batches'), exist_ok=True)
+  tok = load_tokenizer(config.gguf_path or None)
+  pairs, report = build_pairs(tok, config)
+  if not pairs:
+    raise ValueError(f'no aligned pairs: {json.dumps(report["dropped"])}')
+  _log(f'{report["kept"]}/{report["items"]} pairs aligned ({report["share_kept"]:.1%}); '
+       f'auditing {len(pairs)}; {report["too_long"]["count"]} longer than {config.max_len} '
+       'tokens reported, not truncated')
+  plan = plan_batches(pairs, config)
+  _check_plan(workdir, plan)
+  probes = SPAN_PROBES + (('site',) if config.site_probe else ())
+  rows = run_batches(config, workdir, tok, pairs, plan, probes)
+  add_ceu(rows, probes, config.eps)
+  n_layers = max(r['layer'] for r in rows) + 1
+  summary = summarize(rows, probes, n_layers, config)
+  summary.update(pairs=report, probes=list(probes), wall_s=time.time() - t0,
+                 model='SmolLM2-135M-Instruct (Q4_1 GGUF, float32)',
+                 ports='layers_{l}/attn:read at the answer positions')
+  _write_csv(os.path.join(workdir, 'examples.csv'), rows, probes)
+  io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
+  plot_profile(summary, probes, os.path.join(workdir, 'plots', 'layer_profile'))
+  _log(f'done in {summary["wall_s"]:.0f}s: {workdir}/summary.json')
+  return summary

@@ -1,0 +1,36 @@
+"""Layer profile of causal evidence usage in pretrained SmolLM2-135M on NQ conflicts.
+
+  python -m experiments.audit_pretrained --config configs/smollm2_nq.py --workdir W
+Writes W/examples.csv, W/summary.json and W/plots/layer_profile.{png,pdf};
+interrupt and rerun freely (finished batches under W/batches are kept).
+"""
+from absl import app, flags
+from ml_collections import config_flags
+
+from ceu_jax.pretrained import audit_nq
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Audit config file.',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.', required=True)
+
+
+def _fmt(agg: dict) -> str:
+  if agg['value'] is None:
+    return f"n/a (n={agg['n']})"
+  return f"{agg['value']:+.3f} [{agg['ci_low']:+.3f}, {agg['ci_high']:+.3f}]"
+
+
+def main(argv):
+  del argv
+  s = audit_nq.run_pretrained_audit(_CONFIG.value, _WORKDIR.value)
+  print(f"pairs kept {s['pairs']['kept']}/{s['pairs']['items']}, audited {s['n_examples']}, "
+        f"degenerate {s['n_degenerate']}; mean L+ {s['L_plus']['value']:.2f}, "
+        f"L- {s['L_minus']['value']:.2f}")
+  print('layer  ' + '  '.join(f'{p:>24s}' for p in s['probes']))
+  for e in s['per_layer']:
+    print(f"{e['layer']:5d}  " + '  '.join(f"{_fmt(e[p]['ceu']):>24s}" for p in s['probes']))
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config'])
+  app.run(main)
