@@ -28,7 +28,7 @@ def _models(variant: str, steps: int, cer_steps: int) -> tuple:
   cer_hi = ("bypass_cer_l1", (bypass, cer, ("cer.lambda_ev", 1.0),
                               ("train.num_steps", cer_steps)))
   if variant == "micro":
-    return (shortcut, cer_hi)
+    return (shortcut, port_only)
   if variant == "tiny":
     return (shortcut, cer_hi, port_only)
   cer_lo = ("bypass_cer_l0.3", (bypass, cer, ("cer.lambda_ev", 0.3),
@@ -61,9 +61,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if a.variant not in VARIANTS:
     raise ValueError(f"configs/bounds.py: variant must be one of {VARIANTS}, got {a.variant!r}")
   micro, full = a.variant == "micro", a.variant == "full"
-  steps = a.steps or (30 if micro else 20000 if full else 1500)
-  cer_steps = a.steps or (20 if micro else 20000 if full else 700)
-  n = a.examples or (32 if micro else 2048 if full else 256)
+  steps = a.steps or (5 if micro else 20000 if full else 1200)
+  cer_steps = a.steps or (5 if micro else 20000 if full else 500)
+  n = a.examples or (16 if micro else 2048 if full else 256)
   c = ml_collections.ConfigDict()
   c.seed = a.seed                          # seeds the eval sets, probes and search
   c.model_base = _model_base(a.variant, steps)  # atr_insert training config shared by all models
@@ -72,19 +72,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = e = ml_collections.ConfigDict()
   e.num_examples = n                       # test examples per evaluation set
   e.heldout_examples = n                   # held-out ('eval' split) examples for fitting ĉ
-  e.batch_size = 32 if micro else 128      # examples per forward / audit call
+  e.batch_size = 16 if micro else 128      # examples per forward / audit call
   e.seed = 9000 + a.seed                   # eval-set seed (same sets for every model)
   e.corruption = "evidence_swap"           # D− for CEU_ev (α) and the swap margin (γ)
   e.chunk_size = 16                        # engine probes per vmapped chunk
   e.eps = 1e-3                             # ε of the stabilised CEU (degenerate below)
-  e.num_resamples = 200 if micro else 1000  # bootstrap resamples for every CI
+  e.num_resamples = 100 if micro else 1000  # bootstrap resamples for every CI
 
   c.t1 = t = ml_collections.ConfigDict()
   t.corruption = "value_swap"              # D− of the T1 restoration (smallest swap)
   t.num_examples = min(n, 256)             # trained-model examples per model
   t.scales = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # two-channel
                                            # gold-logit gaps s (nats)
-  t.synthetic_examples = 256               # swaps per scale on the exact two-channel model
+  t.synthetic_examples = 64 if micro else 256  # swaps per scale on the exact two-channel model
   t.synthetic_coupling = 0.0               # non-gold rows' coupling to h_f (0 = T1 exact regime)
 
   c.t2 = s = ml_collections.ConfigDict()
@@ -95,10 +95,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   s.max_slots = 8                          # max non-evidence line slots considered
 
   c.t3 = r = ml_collections.ConfigDict()
-  r.model = "bypass_cer_l1"                # which model the T3 plot is about
-  r.etas = (0.0, 0.1, 0.2, 0.4, 0.6) if not full else (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8)
+  r.model = "bypass" if micro else "bypass_cer_l1"  # which model the T3 plot is about
+  r.etas = ((0.0, 0.5) if micro else (0.0, 0.1, 0.2, 0.4, 0.6) if not full
+            else (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8))
                                            # test-time miss probabilities η
-  r.deltas = (0.3, 0.9) if micro else (0.0, 0.3, 0.6, 0.9)  # test-time distractor rates δ
+  r.deltas = (0.3, 0.9) if micro else (0.0, 0.3, 0.6, 0.9)   # test-time distractor rates δ
   r.base_delta = 0.3                       # δ at which α is estimated (the training δ)
   r.tau = 0.5                              # supported iff correct and CEU_ev ≥ τ
   r.c_method = "mle"                       # ĉ estimator: mle | envelope

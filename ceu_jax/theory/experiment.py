@@ -166,9 +166,14 @@ def fit_c(config, tm, method: str, log: Log) -> tuple[Estimate, dict]:
   held = measure.eval_set(tm.data_cfg, int(e.seed), int(e.heldout_examples),
                           split="eval", delta=float(r.base_delta))
   rows = _measure(config, tm, held)
-  errors = _unsupported(rows, float(r.tau))
-  c = upper_bound.estimate_c(advantage(rows), errors, method=method,
-                             n_resamples=int(e.num_resamples), seed=int(config.seed))
+  errors, adv = _unsupported(rows, float(r.tau)), advantage(rows)
+  usable = np.isfinite(adv) & (adv > 0)
+  if not usable.any():
+    c = Estimate(float("nan"), float("nan"), float("nan"), 0, int(adv.size),
+                 note=f"method={method}; no held-out example with advantage > 0: c undefined")
+  else:
+    c = upper_bound.estimate_c(adv, errors, method=method,
+                               n_resamples=int(e.num_resamples), seed=int(config.seed))
   log(f"[bounds] T3 ĉ ({method}) = {c.value:.3g} [{c.lo:.3g}, {c.hi:.3g}] "
       f"on n={c.n} held-out examples ({c.n_excluded} excluded: advantage ≤ 0 or degenerate)")
   return c, rows
@@ -218,6 +223,7 @@ def _plots(config, workdir: str, t1: dict, t2: dict, t3: dict) -> dict[str, list
 def run_bounds(config, workdir: str, *, log: Log = print) -> dict:
   """Trains the models, measures T1–T3, writes plots, bounds.md and bounds.json."""
   tic = time.time()
+  raw_log, log = log, lambda msg: raw_log(f"{msg} [{time.time() - tic:.0f}s]")
   os.makedirs(workdir, exist_ok=True)
   cfgs = train_models(config, workdir, log)
   models = {name: measure.load_trained(name, cfg, os.path.join(workdir, "models", name))
