@@ -11,24 +11,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ceu_jax.data.validation import check_int, check_unit, from_mapping
 from ceu_jax.data.vocab import Vocab
 
 VARIANTS = ("value_for_key", "key_for_value")
 HARD_NEGATIVE_KINDS = ("both", "same_key", "same_id")
-
-
-def _check_unit(name: str, value: float, *, open_right: bool = False) -> None:
-  hi = "1)" if open_right else "1]"
-  ok = 0.0 <= value < 1.0 if open_right else 0.0 <= value <= 1.0
-  if not isinstance(value, (int, float, np.floating)) or not ok:
-    raise ValueError(f"data.{name} must be in [0, {hi}, got {value!r}")
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
-  if (not isinstance(value, (int, np.integer)) or isinstance(value, bool)
-      or value < lo or (hi is not None and value > hi)):
-    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-    raise ValueError(f"data.{name} must be an integer {rng}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,13 +45,13 @@ class ATRConfig:
       raise ValueError(f"data.hard_negative_kinds must be one of {HARD_NEGATIVE_KINDS}, "
                        f"got {self.hard_negative_kinds!r}")
     for name in ("eta", "delta", "rho", "overlap_rate", "filler_rate", "paraphrase_rate"):
-      _check_unit(name, getattr(self, name))
-    _check_int("answer_len", self.answer_len, 1, 8)
-    _check_int("num_passages", self.num_passages, 1)
+      check_unit(name, getattr(self, name))
+    check_int("answer_len", self.answer_len, 1, 8)
+    check_int("num_passages", self.num_passages, 1)
     for name in ("n_ids", "n_keys", "n_values", "n_filler"):
-      _check_int(name, getattr(self, name), 2)
-    _check_int("world_seed", self.world_seed, 0)
-    _check_int("context_len", self.context_len, 1)
+      check_int(name, getattr(self, name), 2)
+    check_int("world_seed", self.world_seed, 0)
+    check_int("context_len", self.context_len, 1)
     need = self.num_passages * (1 + self.line_len)
     if self.context_len % self.num_passages or self.context_len < need:
       raise ValueError(
@@ -76,13 +63,7 @@ class ATRConfig:
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> "ATRConfig":
     """Build from an ml_collections ConfigDict / mapping; unknown fields are errors."""
-    items = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
-    items.pop("task", None)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(items) - known)
-    if unknown:
-      raise ValueError(f"data: unknown field(s) {unknown}; known fields: {sorted(known)}")
-    return cls(**items)
+    return from_mapping(cls, cfg)
 
   # Derived static quantities.
   @property

@@ -6,24 +6,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ceu_jax.data.validation import check_int, check_unit, from_mapping
+
 SOURCES = ("squad", "nq")
 NQ_SWAPS = ("dataset", "equal_length")
 SPLITS = {"train": 0, "eval": 1, "test": 2}          # stream split -> code
 PREPARED_SPLIT = {"train": "train", "eval": "validation", "test": "test"}
 ID_STRIDE = 1 << 20   # example_id = SPLITS[split] * ID_STRIDE + index of the example in its split
-
-
-def _check_unit(name: str, value: Any) -> None:
-  if (not isinstance(value, (int, float, np.floating)) or isinstance(value, bool)
-      or not 0.0 <= value <= 1.0):
-    raise ValueError(f"data.{name} must be in [0, 1], got {value!r}")
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
-  if (not isinstance(value, (int, np.integer)) or isinstance(value, bool)
-      or value < lo or (hi is not None and value > hi)):
-    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-    raise ValueError(f"data.{name} must be an integer {rng}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +41,13 @@ class FactQAConfig:
       raise ValueError(f"data.counterfactual must be a bool, got {self.counterfactual!r}")
     if self.nq_swap not in NQ_SWAPS:
       raise ValueError(f"data.nq_swap must be one of {NQ_SWAPS}, got {self.nq_swap!r}")
-    _check_unit("eta", self.eta)
-    _check_unit("delta", self.delta)
-    _check_int("num_passages", self.num_passages, 1, 256)
-    _check_int("query_len", self.query_len, 4, 512)
-    _check_int("answer_len", self.answer_len, 1, 64)
-    _check_int("lines_per_passage", self.lines_per_passage, 1, 64)
-    _check_int("context_len", self.context_len, 1)
+    check_unit("eta", self.eta)
+    check_unit("delta", self.delta)
+    check_int("num_passages", self.num_passages, 1, 256)
+    check_int("query_len", self.query_len, 4, 512)
+    check_int("answer_len", self.answer_len, 1, 64)
+    check_int("lines_per_passage", self.lines_per_passage, 1, 64)
+    check_int("context_len", self.context_len, 1)
     if self.context_len % self.num_passages or self.passage_len < 16:
       raise ValueError(
           f"data.context_len must be a multiple of data.num_passages (= {self.num_passages}) "
@@ -68,13 +57,7 @@ class FactQAConfig:
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> "FactQAConfig":
     """Build from an ml_collections ConfigDict / mapping; unknown fields are errors."""
-    items = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
-    items.pop("task", None)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(items) - known)
-    if unknown:
-      raise ValueError(f"data: unknown field(s) {unknown}; known fields: {sorted(known)}")
-    return cls(**items)
+    return from_mapping(cls, cfg)
 
   @property
   def passage_len(self) -> int:
