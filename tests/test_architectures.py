@@ -15,6 +15,14 @@ import architectures
 from architectures import ssm
 from architectures.spec import PRESETS
 
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """These tests are compile-bound: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
 SIZES = dict(vocab_size=60, context_len=32, num_passages=4, query_len=5, answer_len=2)
 
 
@@ -72,6 +80,7 @@ def test_associative_scan_equals_sequential_scan():
                              atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_ssm_model_same_logits_with_sequential_scan(models):
   model, params = models["ssm"]
   ref = _model("ssm", overrides={"scan_impl": "sequential"})

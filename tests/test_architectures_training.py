@@ -12,6 +12,14 @@ import pytest
 import architectures
 from tests import arch_training
 
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """These tests are compile-bound: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
 # Steps that reached >= 95% EM on 2 CPU cores at lr 3e-3, batch 64 (see the README).
 ACCEPTANCE_STEPS = {"attention": 3000, "ssm": 1200, "memory_port": 3000}
 
