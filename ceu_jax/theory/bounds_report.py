@@ -121,20 +121,30 @@ def to_json(config, base_rows: dict, t1: dict, t2: dict, t3: dict, paths: dict,
 # --------------------------------------------------------------- markdown
 
 
+def _f(x: float | None, spec: str = ".3g") -> str:
+  """Formats a JSON number; None (NaN/inf upstream) reads 'n/a'."""
+  return "n/a" if x is None else format(x + 0.0, spec)
+
+
 def _e(d: dict | None, pct: bool = False) -> str:
   if not d or d.get("value") is None:
     return "n/a"
   k = 100.0 if pct else 1.0
   lo, hi = d.get("lo"), d.get("hi")
   ci = f" [{k * lo:.3g}, {k * hi:.3g}]" if lo is not None and hi is not None else ""
-  return f"{k * d['value']:.3g}{ci}"
+  return f"{_f(k * d['value'])}{ci}"
 
 
 def _violations_md(reports: dict) -> list[str]:
   lines = []
   for label, rep in reports.items():
+    undefined = [e for e, b in zip(rep["etas"], rep["bound"]) if b is None]
+    if undefined:
+      lines.append(f"- {label}: bound undefined at η = {undefined} (ĉ, α or γ undefined), "
+                   "so no violation check is possible there")
     if not rep["violations"]:
-      lines.append(f"- {label}: no η where the bound is violated")
+      where = " among the η where it is defined" if undefined else ""
+      lines.append(f"- {label}: no η where the bound is violated{where}")
       continue
     for v in rep["violations"]:
       sig = "significant (whole CI above the bound)" if v["significant"] else "within CI"
@@ -151,26 +161,28 @@ def markdown(config, res: dict) -> str:
          f"(run time {res['wall_time_s']:.0f}s). Plots: `plots/t1`, `plots/t2`, `plots/t3` "
          "(.png, .pdf). CIs are 95% percentile bootstraps.", "",
          "| model | accuracy | mean CEU_ev | degenerate |", "|---|---|---|---|"]
-  out += [f"| {n} | {m['accuracy']:.3f} | {m['mean_ceu_ev']:.3f} | {m['n_degenerate']}/{m['n']} |"
+  out += [f"| {n} | {_f(m['accuracy'], '.3f')} | {_f(m['mean_ceu_ev'], '.3f')} | "
+          f"{m['n_degenerate']}/{m['n']} |"
           for n, m in res["models"].items()]
   out += ["", "### T1 identifiability", "",
           f"Evidence-span restoration under {config.t1.corruption}: median |R_ll − R_logit| "
-          "per model: " + ", ".join(f"{n} {d['median_abs_diff']:.3g} (n={d['n']}, "
+          "per model: " + ", ".join(f"{n} {_f(d['median_abs_diff'])} (n={d['n']}, "
                                     f"{d['n_degenerate']} degenerate)"
                                     for n, d in t1["trained"].items()) + "."]
   for label, s in t1["synthetic"].items():
-    out.append(f"Exact two-channel model, {label}: max |diff| {s['max_abs_diff'][0]:.2g} at "
-               f"s = {s['scales'][0]:g} nats, {s['max_abs_diff'][-1]:.2g} at s = "
+    out.append(f"Exact two-channel model, {label}: max |diff| {_f(s['max_abs_diff'][0], '.2g')} "
+               f"at s = {s['scales'][0]:g} nats, {_f(s['max_abs_diff'][-1], '.2g')} at s = "
                f"{s['scales'][-1]:g} (tested in tests/test_theory_t1.py).")
   out += ["", "### T2 lower bound", "", f"Adversary: {t2['budget']}.", "",
           "| model | 1 − mean CEU_ev | clean acc | attacked acc | drop (pp) |",
           "|---|---|---|---|---|"]
-  out += [f"| {p['name']} | {_e(p['one_minus_ceu'])} | {p['clean_accuracy']:.3f} | "
-          f"{p['adversarial_accuracy']:.3f} | {_e(p['drop'], pct=True)} |" for p in t2["points"]]
+  out += [f"| {p['name']} | {_e(p['one_minus_ceu'])} | {_f(p['clean_accuracy'], '.3f')} | "
+          f"{_f(p['adversarial_accuracy'], '.3f')} | {_e(p['drop'], pct=True)} |"
+          for p in t2["points"]]
   s = t2["summary"]
-  out += ["", f"Fit drop = k(1 − CEU): k = {s['slope']}, 95% CI [{s['slope_lo']}, "
-          f"{s['slope_hi']}]; min drop/(1 − CEU) = {s['min_ratio']}; Spearman "
-          f"{s['spearman']} over {s['n_models']} models.", ""]
+  out += ["", f"Fit drop = k(1 − CEU): k = {_f(s['slope'])}, 95% CI [{_f(s['slope_lo'])}, "
+          f"{_f(s['slope_hi'])}]; min drop/(1 − CEU) = {_f(s['min_ratio'])}; Spearman "
+          f"{_f(s['spearman'])} over {s['n_models']} models.", ""]
   out += _t3_md(t3)
   return "\n".join(out) + "\n"
 
@@ -178,7 +190,8 @@ def markdown(config, res: dict) -> str:
 def _t3_md(t3: dict) -> list[str]:
   out = ["### T3 upper bound", "", f"Model `{t3['model']}`.", "",
          f"- α = {_e(t3['alpha'])} (n={t3['alpha']['n']}, {t3['alpha']['n_excluded']} excluded)",
-         f"- ĉ = {_e(t3['c'])} (n={t3['c']['n']}); estimator: {t3['c_estimator']}",
+         f"- ĉ = {_e(t3['c'])} (n={t3['c']['n']}; {t3['c']['note']}); estimator: "
+         f"{t3['c_estimator']}",
          f"- γ(δ) = " + "; ".join(f"δ={d}: {_e(g)}" for d, g in t3["gamma_by_delta"].items()),
          f"- α(δ) (reference) = " + "; ".join(f"δ={d}: {_e(a)}"
                                               for d, a in t3["alpha_by_delta"].items()),
@@ -188,6 +201,6 @@ def _t3_md(t3: dict) -> list[str]:
   out += _violations_md(t3["reports_alt_c"])
   out += ["", "| δ | η | unsupported rate | bound |", "|---|---|---|---|"]
   for label, rep in t3["reports"].items():
-    out += [f"| {label} | {eta:g} | {_e(r)} | {b:.3f} |"
+    out += [f"| {label} | {eta:g} | {_e(r)} | {_f(b, '.3f')} |"
             for eta, r, b in zip(rep["etas"], rep["rates"], rep["bound"])]
   return out
