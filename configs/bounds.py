@@ -81,25 +81,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.t1 = t = ml_collections.ConfigDict()
   t.corruption = "value_swap"              # D− of the T1 restoration (smallest swap)
-  t.num_examples = min(n, 256)             # trained-model examples per model
+  t.num_examples = min(n, 128 if not full else 512)  # trained-model examples per model
   t.scales = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # two-channel
                                            # gold-logit gaps s (nats)
   t.synthetic_examples = 64 if micro else 256  # swaps per scale on the exact two-channel model
   t.synthetic_coupling = 0.0               # non-gold rows' coupling to h_f (0 = T1 exact regime)
 
   c.t2 = s = ml_collections.ConfigDict()
-  s.num_examples = min(n, 16 if micro else 128 if not full else 512)  # attacked examples
+  s.num_examples = min(n, 48 if not full else 512)  # attacked examples per model
   s.budget = 2 if micro else 3             # max non-evidence lines substituted per example
-  s.value_draws = 1 if micro else 2        # hard-negative renderings per (slot, kind)
+  s.value_draws = 1 if not full else 2     # hard-negative renderings per (slot, kind)
   s.beam_width = 1                         # 1 = greedy search
   s.max_slots = 8                          # max non-evidence line slots considered
 
   c.t3 = r = ml_collections.ConfigDict()
   r.model = "bypass" if micro else "bypass_cer_l1"  # which model the T3 plot is about
-  r.etas = ((0.0, 0.5) if micro else (0.0, 0.1, 0.2, 0.4, 0.6) if not full
+  r.etas = ((0.0, 0.5) if micro else (0.0, 0.2, 0.4, 0.6) if not full
             else (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8))
                                            # test-time miss probabilities η
-  r.deltas = (0.3, 0.9) if micro else (0.0, 0.3, 0.6, 0.9)   # test-time distractor rates δ
+  r.deltas = (0.3, 0.9) if micro else (0.0, 0.3, 0.9) if not full else (0.0, 0.3, 0.6, 0.9)
+                                           # test-time distractor rates δ
   r.base_delta = 0.3                       # δ at which α is estimated (the training δ)
   r.tau = 0.5                              # supported iff correct and CEU_ev ≥ τ
   r.c_method = "mle"                       # ĉ estimator: mle | envelope

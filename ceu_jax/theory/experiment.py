@@ -160,23 +160,28 @@ def _unsupported(rows: dict, tau: float) -> np.ndarray:
   return upper_bound.unsupported(rows["correct"], rows["ceu_ev"], rows["has_evidence"], tau)
 
 
-def fit_c(config, tm, method: str, log: Log) -> tuple[Estimate, dict]:
-  """ĉ on the held-out ('eval') split at η = 0, δ = base δ."""
+def heldout_rows(config, tm) -> dict[str, np.ndarray]:
+  """Measured rows of the held-out ('eval' split) set at η = 0, δ = base δ."""
   r, e = config.t3, config.eval
   held = measure.eval_set(tm.data_cfg, int(e.seed), int(e.heldout_examples),
                           split="eval", delta=float(r.base_delta))
-  rows = _measure(config, tm, held)
-  errors, adv = _unsupported(rows, float(r.tau)), advantage(rows)
+  return _measure(config, tm, held)
+
+
+def fit_c(config, rows: dict, method: str, log: Log) -> Estimate:
+  """ĉ from held-out rows: error = unsupported, margin = `advantage`."""
+  errors, adv = _unsupported(rows, float(config.t3.tau)), advantage(rows)
   usable = np.isfinite(adv) & (adv > 0)
   if not usable.any():
     c = Estimate(float("nan"), float("nan"), float("nan"), 0, int(adv.size),
                  note=f"method={method}; no held-out example with advantage > 0: c undefined")
   else:
     c = upper_bound.estimate_c(adv, errors, method=method,
-                               n_resamples=int(e.num_resamples), seed=int(config.seed))
+                               n_resamples=int(config.eval.num_resamples),
+                               seed=int(config.seed))
   log(f"[bounds] T3 ĉ ({method}) = {c.value:.3g} [{c.lo:.3g}, {c.hi:.3g}] "
       f"on n={c.n} held-out examples ({c.n_excluded} excluded: advantage ≤ 0 or degenerate)")
-  return c, rows
+  return c
 
 
 def run_t3(config, tm, log: Log) -> dict:
@@ -196,8 +201,8 @@ def run_t3(config, tm, log: Log) -> dict:
   alpha = alphas[base] if base in alphas else alphas[min(alphas, key=lambda x: abs(x - base))]
   method = str(r.c_method)
   other = "envelope" if method == "mle" else "mle"
-  c, held = fit_c(config, tm, method, log)
-  c_alt, _ = fit_c(config, tm, other, log)
+  held = heldout_rows(config, tm)
+  c, c_alt = fit_c(config, held, method, log), fit_c(config, held, other, log)
   reports = upper_bound.t3_reports_by_delta(r.etas, rates, alpha, gammas, c)
   alt = upper_bound.t3_reports_by_delta(r.etas, rates, alpha, gammas, c_alt)
   return {"model": tm.name, "rates": rates, "alpha": alpha, "alphas": alphas,
