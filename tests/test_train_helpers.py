@@ -45,7 +45,7 @@ def write_config(directory: str) -> str:
 
 
 def run_train(config_path: str, workdir: str, *overrides: str, devices: int = 1,
-              cache_dir: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+              cache_dir: str | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
   """`python -m experiments.train --config <path> --workdir <workdir> <overrides>`."""
   env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
