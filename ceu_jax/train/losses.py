@@ -28,10 +28,12 @@ span of the evidence's length), evaluated in one vmapped chunk.
 `grad_path`:
   all        gradients flow through L+, L−, the clean recording Π_S h(D+) and
              the patched run (every term of the score);
-  numerator  the clean recording is taken under stop_gradient and the
-             denominator max(L+ − L−, ε) is a constant: gradients reach the
+  numerator  the clean recording is taken under stop_gradient and the gap
+             L+ − L− (denominator and α·gap) is a constant: gradients reach the
              parameters only through the numerator L_int − L− (the patched and
-             corrupted runs).
+             corrupted runs). The model then cannot learn to write the evidence
+             into the port from the clean side; on ATR-insert with bypass it
+             raised CEU_ev far less than `all` (see the issue #5 report).
 
 Shape legend: K probes, B batch, N context tokens, L line slots.
 """
