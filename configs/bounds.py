@@ -95,7 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   s.max_slots = 8                          # max non-evidence line slots considered
 
   c.t3 = r = ml_collections.ConfigDict()
-  r.model = "bypass" if micro else "bypass_cer_l1"  # which model the T3 plot is about
+  r.model = "bypass" if micro else "port_only"  # which model the T3 plot is about
   r.etas = ((0.0, 0.5) if micro else (0.0, 0.2, 0.4, 0.6) if not full
             else (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8))
                                            # test-time miss probabilities η

@@ -131,7 +131,7 @@ def _e(d: dict | None, pct: bool = False) -> str:
     return "n/a"
   k = 100.0 if pct else 1.0
   lo, hi = d.get("lo"), d.get("hi")
-  ci = f" [{k * lo:.3g}, {k * hi:.3g}]" if lo is not None and hi is not None else ""
+  ci = f" [{_f(k * lo)}, {_f(k * hi)}]" if lo is not None and hi is not None else ""
   return f"{_f(k * d['value'])}{ci}"
 
 
