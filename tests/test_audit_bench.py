@@ -19,15 +19,12 @@ def test_random_spans_are_windows_of_the_given_length():
                     & (jnp.arange(20) < starts[..., None] + 7))).all()
 
 
-def test_engine_and_sequential_agree_and_probe_work_runs():
+def test_engine_and_sequential_agree_at_an_approximate_port():
   st = _setup("memory_port")
-  spans = ab.random_spans(jax.random.PRNGKey(1), 5, 2, 64, st.span_len)
+  spans = ab.random_spans(jax.random.PRNGKey(1), 3, 2, 64, st.span_len)
   eng, seq = ab.engine_audit(st, chunk_size=2), ab.sequential_audit(st)
   assert ab.check_agree(eng, seq, spans) < 1e-4
-  res = eng(engine.span_probes(spans))
-  assert bool(res.approximate)
-  assert ab.probe_work(st, spans[:2])().shape == (2, 2)
-  assert ab.prefix(st)().ndim == 4
+  assert bool(eng(engine.span_probes(spans)).approximate)
 
 
 def test_ideal_speedup_and_target_lines():
@@ -39,7 +36,7 @@ def test_ideal_speedup_and_target_lines():
 
 def test_main_prints_every_target(capsys):
   lines = ab.main(["--preset", "p100k", "--batch", "2", "--context_len", "64",
-                   "--ks", "1,16,64", "--repeats", "1", "--chunk_size", "8",
+                   "--ks", "16,64", "--repeats", "1", "--chunk_size", "16",
                    "--families", "attention"])
   out = capsys.readouterr().out
   assert "loadavg" in out and "s = w/u" in out
