@@ -25,9 +25,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if a.variant not in ("full", "tiny"):
     raise ValueError(f"configs/smoke.py: variant must be 'full' or 'tiny', got {a.variant!r}")
   tiny = a.variant == "tiny"
-  c = atr_insert.get_config("tiny,rho=0.3")
-  c.train.num_steps = a.steps or (20 if tiny else 1500)
-  c.train.warmup_steps = 5 if tiny else 100
+  c = atr_insert.get_config("tiny,rho=0.3,context_len=64")
+  c.data.num_passages = 4                     # 4 passages x 16 tokens (2 lines each)
+  c.data.n_ids = c.data.n_keys = c.data.n_values = 16   # a small world: learns in minutes
+  c.train.num_steps = a.steps or (20 if tiny else 1000)
+  c.train.batch_size = 32                               # small steps: 2 CPU cores
+  c.train.learning_rate = 3e-3                          # peak LR (fast convergence)
+  c.train.warmup_steps = 5 if tiny else 50
   c.train.eval_every = c.train.num_steps                # one evaluation, at the end
   c.train.checkpoint_every = 10 if tiny else 250
   c.eval.num_examples = 64 if tiny else 256
@@ -38,7 +42,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   g.eval_examples = 64 if tiny else 256       # fixed test examples per condition
   g.eval_seed = 4242                          # test-set seed (identical for every cell)
   g.delta_test = (0.3, 0.6, 0.9)              # test-time δ (one condition each)
-  g.n_test = (128,) if tiny else (128, 256)   # test-time context length n
+  g.n_test = (64,) if tiny else (64, 128)     # test-time context length n
   g.eta_test = (0.0,) if tiny else (0.0, 0.3)  # test-time miss rate η
 
   families = ("attention", "memory_port") if tiny else ("attention", "ssm", "memory_port")
