@@ -11,8 +11,7 @@ import os
 
 import architectures
 from ceu_jax import audit
-from ceu_jax.data import evalsets
-from ceu_jax.data.atr_config import ATRConfig
+from ceu_jax.data import evalsets, tasks
 
 DATA_DIR_ENV = "CEU_JAX_DATA_DIR"
 
@@ -37,7 +36,8 @@ def run_audit(config, workdir: str, *, data_dir: str | None = None, log=print) -
   """Audit the newest valid checkpoint of `workdir` on the config's fixed eval set."""
   from ceu_jax.train import config as train_config, load_trained_params
   train_config.validate(config)
-  data_cfg = ATRConfig.from_config(config.data)
+  spec = tasks.of_config(config.data)
+  data_cfg = spec.config_cls.from_config(config.data)
   site = read_port(config)
   model = architectures.build_model(
       config.model, vocab_size=data_cfg.vocab.size, context_len=data_cfg.context_len,
@@ -45,22 +45,30 @@ def run_audit(config, workdir: str, *, data_dir: str | None = None, log=print) -
       answer_len=data_cfg.target_len)
   variables = load_trained_params(config, workdir)
   names = tuple(config.eval.corruptions)
-  clean, corrupted = evalsets.load_eval_set(data_cfg, int(config.eval.seed),
-                                            int(config.eval.num_examples), names,
-                                            data_dir or default_data_dir())
+  clean, corrupted = _eval_set(spec, data_cfg, config.eval, names, data_dir)
   approximate = architectures.span_decomposition(config.model.family) != "exact"
   if approximate:
     log(f"[audit] WARNING: {config.model.family} read ports have an approximate span "
         "decomposition; span CEU values are approximate")
   fingerprint = dict(
       site=site, approximate_span=approximate,
-      params_digest=_digest(variables), data=data_cfg.__dict__,
+      params_digest=_digest(variables), data=json.loads(json.dumps(data_cfg.__dict__)),
       eval_seed=int(config.eval.seed), num_examples=int(config.eval.num_examples))
   return audit.audit_eval_set(
       model, variables, site, clean, corrupted, os.path.join(workdir, "audit"),
       fingerprint=fingerprint, batch_size=int(config.eval.batch_size),
       chunk_size=int(config.eval.chunk_size), eps=float(config.cer.eps),
       seed=int(config.eval.seed), allow_approximate=approximate, log=log)
+
+
+def _eval_set(spec, data_cfg, e, names, data_dir):
+  """(D+, {name: D−}): ATR's materialised eval set, or the task's own stream."""
+  if spec.name == "atr_insert":
+    return evalsets.load_eval_set(data_cfg, int(e.seed), int(e.num_examples), names,
+                                  data_dir or default_data_dir())
+  clean = spec.generate_batch(data_cfg, int(e.seed), 0, int(e.num_examples), "eval")
+  return clean, {name: spec.corrupt(data_cfg, clean, name, evalsets.corruption_key(
+      int(e.seed), name)) for name in names}
 
 
 def _digest(variables) -> str:

@@ -18,15 +18,13 @@ import numpy as np
 
 import architectures
 from ceu_jax import audit, metrics
-from ceu_jax.data.atr import generate_batch
-from ceu_jax.data.atr_config import ATRConfig
-from ceu_jax.data.corruptions import corrupt
+from ceu_jax.data import tasks
 
 AUDIT_BATCH = 128
 
 
-def test_conditions(config: ml_collections.ConfigDict) -> list[tuple[str, ATRConfig]]:
-  base = ATRConfig.from_config(config.data)
+def test_conditions(config: ml_collections.ConfigDict) -> list[tuple[str, object]]:
+  base = tasks.data_config(config.data)
   g = config.grid
   conds = [("clean", base)]
   for field, values, tag in (("delta", g.delta_test, "delta"), ("context_len", g.n_test, "n"),
@@ -37,7 +35,7 @@ def test_conditions(config: ml_collections.ConfigDict) -> list[tuple[str, ATRCon
   return conds
 
 
-def model_for(config, data_cfg: ATRConfig):
+def model_for(config, data_cfg):
   """The cell's model at this condition's sizes (position tables are parameter-free)."""
   return architectures.build_model(
       config.model, vocab_size=data_cfg.vocab.size, context_len=data_cfg.context_len,
@@ -45,14 +43,15 @@ def model_for(config, data_cfg: ATRConfig):
       answer_len=data_cfg.target_len)
 
 
-def audit_condition(config, params, data_cfg: ATRConfig) -> dict[str, np.ndarray]:
+def audit_condition(config, params, data_cfg) -> dict[str, np.ndarray]:
   """Per-example audit rows of the fixed test set of one condition."""
   g = config.grid
   model = model_for(config, data_cfg)
   site = architectures.read_port_sites(config.model)[-1][0]
   loglik_fn = audit.make_loglik_fn(model)
-  clean = generate_batch(data_cfg, g.eval_seed, 0, g.eval_examples, "test")
-  minus = corrupt(data_cfg, clean, g.corruption, jax.random.PRNGKey(g.eval_seed))
+  spec = tasks.of_config(config.data)
+  clean = spec.generate_batch(data_cfg, g.eval_seed, 0, g.eval_examples, "test")
+  minus = spec.corrupt(data_cfg, clean, g.corruption, jax.random.PRNGKey(g.eval_seed))
   approx = architectures.span_decomposition(config.model.family) != "exact"
   parts = []
   for start in range(0, g.eval_examples, AUDIT_BATCH):

@@ -12,25 +12,24 @@ import math
 from typing import Any, Callable, Mapping
 
 import architectures
-from ceu_jax.data import corruptions
-from ceu_jax.data.atr_config import ATRConfig
+from ceu_jax.data import tasks
 from ceu_jax.train import losses
 from ceu_jax.train import sharding as sharding_lib
 
-TASKS = ("atr_insert",)
+TASKS = tasks.TASKS
 SECTIONS = ("seed", "data", "model", "train", "cer", "eval", "sharding")
 # Sections that other tools add to a training config and training ignores
 # (the grid runner's cell settings, ceu_jax/grid).
 IGNORED_SECTIONS = ("grid", "sweep")
 MODEL_FIELDS = ("family", "preset", "retrieval_layers", "bypass", "dtype", "overrides")
-CER_CORRUPTIONS = ("value_swap", "evidence_swap", "removal")
+CER_CORRUPTIONS = tuple(dict.fromkeys(tasks.ATR_CORRUPTIONS + tasks.FACTQA_CORRUPTIONS))
 LOGICAL_AXES = ("batch", "length", "ctx", "embed", "heads", "kv", "mlp", "vocab", "ports",
                 "state")
 # Eval metric -> 'max' | 'min' (which direction is better, for the best checkpoint).
 BEST_METRICS = {"em": "max", "nll": "min", "ceu_ev": "max", "supported_0.5": "max"}
 # Fields whose change between runs in one workdir invalidates the checkpoint.
 RESUME_FIXED = ("data.task", "data.variant", "data.context_len", "data.num_passages",
-                "data.answer_len", "data.n_ids", "data.n_keys", "data.n_values",
+                "data.answer_len", "data.query_len", "data.n_ids", "data.n_keys", "data.n_values",
                 "data.n_filler", "model.family", "model.preset", "model.retrieval_layers",
                 "model.bypass", "model.dtype", "model.overrides")
 
@@ -151,6 +150,18 @@ def _check_sharding(s: Any, num_devices: int | None) -> None:
     sharding_lib.resolve_mesh_shape(shape, num_devices)
 
 
+def _check_task_corruptions(task: str, cer_corruption: str, eval_corruptions) -> None:
+  """cer.corruption and eval.corruptions must be corruptions of data.task."""
+  allowed = tasks.get(task).corruptions
+  if cer_corruption not in allowed:
+    raise ValueError(f"cer.corruption must be one of {allowed} for data.task {task!r}, "
+                     f"got {cer_corruption!r}")
+  bad = [n for n in eval_corruptions if n not in allowed]
+  if bad:
+    raise ValueError(f"eval.corruptions must be a non-empty subset of {allowed} for "
+                     f"data.task {task!r}, got {bad[0]!r}")
+
+
 def validate(config: Any, num_devices: int | None = None) -> None:
   """Raise ValueError (message starts with the field name) for a bad config."""
   top = _items(config)
@@ -165,7 +176,7 @@ def validate(config: Any, num_devices: int | None = None) -> None:
   data = _items(config.data)
   if data.get("task") not in TASKS:
     raise ValueError(f"data.task must be one of {TASKS}, got {data.get('task')!r}")
-  ATRConfig.from_config(data)                     # raises "data.<field> ..."
+  tasks.data_config(data)                         # raises "data.<field> ..."
   model = _items(config.model)
   unknown = sorted(set(model) - set(MODEL_FIELDS))
   if unknown:
@@ -189,6 +200,7 @@ def validate(config: Any, num_devices: int | None = None) -> None:
   if e.num_examples % e.batch_size:
     raise ValueError(f"eval.num_examples ({e.num_examples}) must be a multiple of "
                      f"eval.batch_size ({e.batch_size})")
+  _check_task_corruptions(data["task"], c.corruption, e.corruptions)
   _check_sharding(config.sharding, num_devices)
   if num_devices is not None:
     shape = sharding_lib.resolve_mesh_shape(config.sharding.mesh_shape, num_devices)

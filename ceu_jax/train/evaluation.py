@@ -25,7 +25,6 @@ import numpy as np
 
 from ceu_jax import audit as audit_lib
 from ceu_jax import metrics as metrics_lib
-from ceu_jax.data import corruptions
 from ceu_jax.train import task as task_lib
 from ceu_jax.train import sharding as sharding_lib
 
@@ -52,8 +51,8 @@ class Evaluator:
            is not None else (lambda t: t))
     self.batches = []
     for clean in task_lib.eval_batches(config, task.data_cfg):
-      corrupt = {name: corruptions.corrupt(task.data_cfg, clean, name,
-                                           jax.random.fold_in(jax.random.PRNGKey(self.seed), j))
+      corrupt = {name: task.data.corrupt(task.data_cfg, clean, name,
+                                         jax.random.fold_in(jax.random.PRNGKey(self.seed), j))
                  for j, name in enumerate(self.corruption_names)}
       self.batches.append(put(dict(clean=clean, corrupt=corrupt)))
 
