@@ -1,6 +1,6 @@
 """Factual QA with controlled corruption: train a retrieval model, audit its CEU (SPEC §3).
 
-Run (once experiments/train and the audit dispatch on data.task == 'factqa'):
+Run (train, then audit the workdir's checkpoint; dispatch: ceu_jax/data/tasks.py):
   python -m experiments.train --config configs/factqa.py:tiny --workdir /tmp/factqa
   python -m experiments.audit --config configs/factqa.py:tiny --workdir /tmp/factqa
 Arguments: `tiny` (CPU-sized, minutes) or `base`, then optional overrides, e.g.
@@ -8,7 +8,8 @@ Arguments: `tiny` (CPU-sized, minutes) or `base`, then optional overrides, e.g.
 Data: ceu_jax/data/factqa/shipped (regenerate with `python scripts/prepare_factqa.py`).
 The model / train / cer / eval / sharding sections are those of configs/atr_insert.py
 (same field names, same defaults); only the data section differs. The corruption
-names are the ATR-insert ones: value_swap = the factqa entity swap.
+names are the ATR-insert ones (value_swap = the factqa entity swap); factqa also
+accepts entity_swap, distractor_injection and paraphrase in cer / eval.
 """
 from __future__ import annotations
 
