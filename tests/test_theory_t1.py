@@ -71,7 +71,7 @@ def test_gold_loglik_matches_jax_scores():
   from ceu_jax import scores
   rng = np.random.default_rng(1)
   z = rng.normal(size=(3, 4, 7)).astype(np.float32)
-  y = rng.integers(0, 7, size=(3, 4))
+  y = rng.integers(1, 7, size=(3, 4))   # token 0 is [PAD] for ceu_jax.scores (not counted)
   ref = np.asarray(scores.gold_loglik(jnp.asarray(z), jnp.asarray(y)))
   np.testing.assert_allclose(t1.gold_loglik(z, y), ref, rtol=1e-5)
 
