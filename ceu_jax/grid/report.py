@@ -50,6 +50,17 @@ def _shift_rows(rows, x: str) -> list[dict]:
           or str(r.get("condition", "")).startswith(prefix)]
 
 
+def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str, stem: str) -> list[str]:
+  """Label, grid and legend one-panel figures, then write them (PNG + PDF)."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  return plotting.save_figure(fig, stem)
+
+
 def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = "") -> list[str]:
   """Metric vs a test-time knob, one line per (architecture, regulariser), CI bands."""
   rows = _shift_rows(rows, x)
@@ -91,13 +102,9 @@ def plot_pareto(rows: Sequence[dict], stem: str) -> list[str]:
     for r in series:
       ax.annotate(f"λ={r.get('cer.lambda_ev')},α={r.get('cer.alpha')}",
                   (_num(r.get("em")), _num(r.get("supported_0.5"))), fontsize=6)
-  ax.set_xlabel("clean exact match (fraction)")
-  ax.set_ylabel("supported-answer rate at τ=0.5 (fraction)")
-  ax.set_title("Pareto frontier over (λ_ev, α): accuracy vs supported answers")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  return plotting.save_figure(fig, stem)
+  return _finish(fig, ax, "clean exact match (fraction)",
+                 "supported-answer rate at τ=0.5 (fraction)",
+                 "Pareto frontier over (λ_ev, α): accuracy vs supported answers", stem)
 
 
 def pareto_front(points: np.ndarray) -> np.ndarray:
@@ -122,13 +129,9 @@ def plot_k_gain(rows: Sequence[dict], stem: str) -> list[str]:
     gains = [np.nanmean([_num(r.get("ceu_ev")) - base[0] for r in by_k[(k,)]]) / k for k in ks]
     ax.plot(ks, gains, marker="o", label=family)
   ax.axhline(0, color="grey", lw=0.8)
-  ax.set_xlabel("probes per example k (extra forward passes)")
-  ax.set_ylabel("CEU_ev gain over baseline per extra forward (fraction)")
-  ax.set_title("Compute accounting: CEU_ev gain per extra forward vs k")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  return plotting.save_figure(fig, stem)
+  return _finish(fig, ax, "probes per example k (extra forward passes)",
+                 "CEU_ev gain over baseline per extra forward (fraction)",
+                 "Compute accounting: CEU_ev gain per extra forward vs k", stem)
 
 
 def plot_ceu_histograms(examples: dict[str, dict], stem: str) -> list[str]:
