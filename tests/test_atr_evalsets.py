@@ -76,6 +76,14 @@ def test_key_is_stable_and_separates_sets():
   assert len({name} | {evalsets.config_name(k) for k in others}) == 5
 
 
+def test_key_names_the_generator_version(monkeypatch):
+  """A set built by an older generator is never reused: its key differs."""
+  assert _key()["generator"] == atr.GENERATOR_VERSION
+  name = evalsets.config_name(_key())
+  monkeypatch.setattr(atr, "GENERATOR_VERSION", atr.GENERATOR_VERSION + 1)
+  assert evalsets.config_name(_key()) != name
+
+
 def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
   calls = []
 

@@ -2,7 +2,8 @@
 
 `generate_batch(cfg, seed, index, batch_size, split)` is a pure, jitted function
 of (seed, index): batch i of seed s is the same in every process and on every
-device layout (row r uses the key fold_in(fold_in(fold_in(seed, split), i), r)).
+device layout (row r uses the key fold_in(fold_in(fold_in(seed, split), i), r);
+all of a row's random choices are bit fields of one atr_lines.Stream of that key).
 
 Example (value_for_key, answer_len = 1):
   query   : [BOS] ID #17 KEY k_9 VALUE          -> answer: v_3
@@ -23,6 +24,10 @@ from ceu_jax.data.atr_config import ATRConfig, ATRLayout
 from ceu_jax.data.types import LineKind, RetrievalBatch
 
 SPLITS = {"train": 0, "eval": 1, "test": 2}
+# Bumped whenever the examples of (config, seed, split, index) change; part of the
+# key of materialised evaluation sets (evalsets.set_key), so none is reused stale.
+# 2: one counter-mode Stream of random bit fields per example (atr_lines.Stream).
+GENERATOR_VERSION = 2
 
 
 def split_key(seed: int | jax.Array, split: str) -> jax.Array:
@@ -37,15 +42,25 @@ def layout(cfg: ATRConfig) -> ATRLayout:
   return ATRLayout.build(cfg)
 
 
+def place(cfg: ATRConfig, per_line: jax.Array, marker, pad) -> jax.Array:
+  """A context-shaped [N] array from per-line values [L, T] (or [L, 1], repeated
+  along the line), `marker` at passage starts and `pad` after the last line of a
+  passage: the static layout of `ATRLayout`, by reshapes instead of a gather."""
+  m, lpp, t = cfg.num_passages, cfg.lines_per_passage, cfg.line_len
+  body = jnp.broadcast_to(per_line, (cfg.num_lines, t)).reshape(m, lpp * t)
+  head = jnp.full((m, 1), marker, body.dtype)
+  tail = jnp.full((m, cfg.passage_len - 1 - lpp * t), pad, body.dtype)
+  return jnp.concatenate([head, body, tail], axis=1).reshape(cfg.context_len)
+
+
 def lines_to_context(cfg: ATRConfig, lines: jax.Array, base: jax.Array | None = None):
   """Scatter line tokens [L, T] into a context [N]; non-line positions from `base`
   (default: [P] at passage starts, [FILL] elsewhere)."""
-  lay = layout(cfg)
+  lines = lines.astype(jnp.int32)
   if base is None:
-    base = jnp.where(lay.passage_start, cfg.vocab.tok("[P]"), cfg.vocab.tok("[FILL]"))
-  line = jnp.asarray(np.maximum(lay.line_of_pos, 0))
-  tokens = lines[line, jnp.asarray(lay.offset_of_pos)]
-  return jnp.where(jnp.asarray(lay.line_of_pos) >= 0, tokens, base).astype(jnp.int32)
+    return place(cfg, lines, cfg.vocab.tok("[P]"), cfg.vocab.tok("[FILL]"))
+  in_line = jnp.asarray(layout(cfg).line_of_pos) >= 0
+  return jnp.where(in_line, place(cfg, lines, 0, 0), base).astype(jnp.int32)
 
 
 def context_to_lines(cfg: ATRConfig, context: jax.Array) -> jax.Array:
@@ -60,8 +75,7 @@ def context_to_lines(cfg: ATRConfig, context: jax.Array) -> jax.Array:
 
 def token_kinds(cfg: ATRConfig, line_kind: jax.Array) -> jax.Array:
   """Per-token line kind [N] (-1 outside lines) from per-line kinds [L]."""
-  line = jnp.asarray(layout(cfg).line_of_pos)
-  return jnp.where(line >= 0, line_kind[jnp.maximum(line, 0)], -1)
+  return place(cfg, line_kind[:, None], -1, -1)
 
 
 def kind_masks(cfg: ATRConfig, line_kind: jax.Array):
@@ -71,9 +85,10 @@ def kind_masks(cfg: ATRConfig, line_kind: jax.Array):
   return tk == int(LineKind.DISTRACTOR), hard
 
 
-def answer_offsets_mask(cfg: ATRConfig, paraphrased: jax.Array) -> jax.Array:
-  """[T] bool: the answer-bearing offsets of an evidence line in its format."""
-  offs = jnp.arange(cfg.line_len)
+def answer_offsets_mask(cfg: ATRConfig, paraphrased: jax.Array, offsets=None) -> jax.Array:
+  """Bool, per offset in `offsets` (default: the [T] offsets of a line): the
+  answer-bearing offsets of an evidence line in its format."""
+  offs = jnp.arange(cfg.line_len) if offsets is None else offsets
   if cfg.variant == "value_for_key":
     start = atr_lines.VALUE_OFFSET
     return (offs >= start) & (offs < start + cfg.answer_len)
@@ -84,17 +99,18 @@ def evidence_masks(cfg: ATRConfig, ev_line, has_evidence, paraphrased):
   """(evidence_mask [N], value_mask [N]) of the line slot `ev_line`."""
   lay = layout(cfg)
   on_line = (jnp.asarray(lay.line_of_pos) == ev_line) & has_evidence
-  answer_at = answer_offsets_mask(cfg, paraphrased)[jnp.asarray(lay.offset_of_pos)]
+  answer_at = answer_offsets_mask(cfg, paraphrased, jnp.asarray(lay.offset_of_pos))
   return on_line, on_line & answer_at
 
 
 # ---------------------------------------------------------------- query
-def query_fields(cfg: ATRConfig, key: jax.Array):
-  """(q_id, q_key, q_vals [A]) with the ρ prior applied to the gold values."""
-  k_id, k_key, k_vals = jax.random.split(key, 3)
-  q_id = atr_lines.randint(k_id, (), cfg.n_ids)
-  q_key = atr_lines.randint(k_key, (), cfg.n_keys)
-  vals = atr_lines.randint(k_vals, (cfg.answer_len,), cfg.n_values)
+def query_fields(cfg: ATRConfig, rng):
+  """(q_id, q_key, q_vals [A]) with the ρ prior applied to the gold values.
+  `rng`: a PRNG key or an atr_lines.Stream."""
+  stream = atr_lines.as_stream(rng)
+  q_id = stream.randint((), cfg.n_ids)
+  q_key = stream.randint((), cfg.n_keys)
+  vals = stream.randint((cfg.answer_len,), cfg.n_values)
   vals = atr_lines.apply_prior(cfg, q_id[None], q_key[None], vals[None])[0]
   return q_id, q_key, vals
 
@@ -132,21 +148,23 @@ def overlap_tokens(cfg: ATRConfig, q_id, q_key, q_vals):
 
 # ---------------------------------------------------------------- one example
 def _example(cfg: ATRConfig, key: jax.Array) -> dict:
-  keys = jax.random.split(key, 8)
-  q_id, q_key, q_vals = query_fields(cfg, keys[0])
-  has_evidence = jax.random.uniform(keys[1]) >= cfg.eta
-  ev_line = atr_lines.randint(keys[2], (), cfg.num_lines)
-  kinds = atr_lines.sample_kinds(cfg, keys[3], cfg.num_lines, cfg.delta)
+  stream = atr_lines.Stream(key)      # every draw: fresh bit fields of this key
+  q_id, q_key, q_vals = query_fields(cfg, stream)
+  has_evidence = ~stream.bernoulli(cfg.eta)
+  ev_line = stream.randint((), cfg.num_lines)
+  is_ev_line = jnp.arange(cfg.num_lines) == ev_line
+  kinds = atr_lines.sample_kinds(cfg, stream, cfg.num_lines, cfg.delta)
   ev_kind = jnp.where(has_evidence, int(LineKind.EVIDENCE), int(LineKind.DISTRACTOR))
-  kinds = kinds.at[ev_line].set(ev_kind)
-  ids, kkeys, vals = atr_lines.sample_fields(cfg, keys[4], kinds, q_id, q_key, q_vals)
-  paraphrased = jax.random.uniform(keys[5], (cfg.num_lines,)) < cfg.paraphrase_rate
-  words = atr_lines.sample_words(cfg, keys[6], cfg.num_lines,
+  kinds = jnp.where(is_ev_line, ev_kind, kinds)
+  ids, kkeys, vals = atr_lines.sample_fields(cfg, stream, kinds, q_id, q_key, q_vals)
+  paraphrased = stream.bernoulli(cfg.paraphrase_rate, (cfg.num_lines,))
+  words = atr_lines.sample_words(cfg, stream, cfg.num_lines,
                                  overlap_tokens(cfg, q_id, q_key, q_vals))
   lines = atr_lines.render(cfg, kinds, paraphrased, ids, kkeys, vals, words)
   context = lines_to_context(cfg, lines)
   query, answer = render_query(cfg, q_id, q_key, q_vals)
-  evidence_mask, value_mask = evidence_masks(cfg, ev_line, has_evidence, paraphrased[ev_line])
+  evidence_mask, value_mask = evidence_masks(cfg, ev_line, has_evidence,
+                                             (paraphrased & is_ev_line).any())
   distractor_mask, hard_mask = kind_masks(cfg, kinds)
   lay = layout(cfg)
   return dict(

@@ -8,7 +8,8 @@ hard_negative_mask; evidence_mask and value_mask stay E(D+), conventions §1).
 
 Layout on disk (no TensorFlow needed to write or read):
   {data_dir}/atr_eval_set/cfg_{hash}/1.0.0/atr_eval_set-eval.array_record-*
-where `hash` is a stable hash of the data config, seed, size and corruptions.
+where `hash` is a stable hash of the data config, seed, size, corruptions and
+`atr.GENERATOR_VERSION` (a set from an older generator is never reused).
 A set is built into a temporary directory and moved into place with one
 `os.replace`, so an interrupted build never leaves a half-written set.
 
@@ -67,7 +68,7 @@ def set_key(cfg: ATRConfig, seed: int, num_examples: int, names: Sequence[str]) 
   """The JSON-able identity of an evaluation set."""
   return dict(atr_config=dataclasses.asdict(cfg), seed=int(seed),
               num_examples=int(num_examples), corruptions=list(names), chunk=CHUNK,
-              format=str(AtrEvalSet.VERSION))
+              format=str(AtrEvalSet.VERSION), generator=atr.GENERATOR_VERSION)
 
 
 def config_name(key: Mapping[str, Any]) -> str:
