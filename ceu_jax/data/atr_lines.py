@@ -13,6 +13,12 @@ and asks the VALUE; for `key_for_value` it names (ID, VALUE) and asks the KEY.
 Hard negatives share exactly one query field: HARD_SAME_ID shares the ID;
 HARD_SAME_KEY shares the second query field (the KEY, or the VALUE for
 key_for_value).
+
+Randomness: every sampler takes a PRNG key or a `Stream` (bit fields of one key's
+counter-mode threefry words, packed several to a word; its docstring says which
+draws are exact). The generator passes one Stream per example: at n = 512 that is
+218 threefry hashes per example, where 1,085 separate 32-bit draws (one hash
+each) and 22 key splits used to be.
 """
 from __future__ import annotations
 
