@@ -53,6 +53,7 @@ def run_audit(config, workdir: str, *, data_dir: str | None = None, log=print) -
   fingerprint = dict(
       site=site, approximate_span=approximate,
       params_digest=_digest(variables), data=json.loads(json.dumps(data_cfg.__dict__)),
+      eval_set_digest=_digest((clean, corrupted)),  # a regenerated eval set is never mixed
       eval_seed=int(config.eval.seed), num_examples=int(config.eval.num_examples))
   return audit.audit_eval_set(
       model, variables, site, clean, corrupted, os.path.join(workdir, "audit"),
