@@ -60,9 +60,10 @@ class ArchSpec:
   mixer_width: int = 7          # taps of the depthwise causal LocalMixer (reader + encoders)
   ssm_reset_at_passages: bool = True
   scan_impl: str = "associative"
-  # memory_port: slots per passage, slot width.
+  # memory_port: slots per passage, slot width, pooling / read heads (mem_dim % mem_heads == 0).
   mem_slots: int = 1
   mem_dim: int = 64
+  mem_heads: int = 4
 
   @property
   def compute_dtype(self):

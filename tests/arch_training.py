@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import time
 from typing import Any, Callable
 
@@ -128,11 +129,15 @@ def main():
   ap.add_argument("--eval_every", type=int, default=500)
   ap.add_argument("--max_seconds", type=float, default=0.0)
   ap.add_argument("--scan_impl", default="")
+  ap.add_argument("--overrides", default="{}", help="JSON of ArchSpec width fields")
   args = ap.parse_args()
   data = tiny_data_config()
   cfg = dict(family=args.family, preset=args.preset, bypass=args.bypass)
+  overrides = json.loads(args.overrides)
   if args.scan_impl:
-    cfg["overrides"] = {"scan_impl": args.scan_impl}
+    overrides["scan_impl"] = args.scan_impl
+  if overrides:
+    cfg["overrides"] = overrides
   res = train(cfg, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
               log_every=250, eval_every=args.eval_every, max_seconds=args.max_seconds)
   em = evaluate(res, data)

@@ -167,6 +167,35 @@ def test_memory_port_per_port_patches_add_up(models):
   assert float(jnp.abs(full - base).max()) > 1e-3  # the patch does something
 
 
+def test_memory_port_slot_sees_only_its_passage_and_the_query(models):
+  """Changing passage j's tokens changes slot j and no other (FiD-style mask)."""
+  model, params = models["memory_port"]
+  site, _ = architectures.read_port_sites(dict(family="memory_port", preset="p100k"))[-1]
+  got = {}
+
+  def keep_slots(next_fun, args, kwargs, context):
+    if context.method_name == "read" and "/".join(context.module.path) == site:
+      got["slots"] = context.module.write(args[1])
+    return next_fun(*args, **kwargs)
+
+  @jax.jit
+  def slots(params, x):
+    with nn.intercept_methods(keep_slots):
+      model.apply(params, *x)
+    return got["slots"]
+
+  x = _inputs(0)
+  base = slots(params, x)
+  per = SIZES["context_len"] // SIZES["num_passages"]
+  j = 2
+  ctx = x[1].at[:, j * per:(j + 1) * per].set(_inputs(5)[1][:, j * per:(j + 1) * per])
+  moved = jnp.abs(slots(params, (x[0], ctx, x[2], x[3])) - base).max(axis=(0, 2))
+  assert float(moved[j]) > 1e-3
+  np.testing.assert_allclose(np.delete(np.asarray(moved), j), 0.0, atol=1e-6)
+  other_query = x[0].at[:, 1:].set(_inputs(6)[0][:, 1:])
+  assert float(jnp.abs(slots(params, (other_query,) + x[1:]) - base).min(axis=2).max()) > 1e-4
+
+
 def test_memory_port_span_is_approximate_but_exact_at_extremes(models):
   model, params = models["memory_port"]
   assert type(model).__name__ == "RetrievalModel"
