@@ -21,10 +21,20 @@ def main(argv):
   del argv
   summary = audit_job.run_audit(_CONFIG.value, _WORKDIR.value, data_dir=_DATA_DIR.value)
   for name, s in summary["corruptions"].items():
-    ev = s["ceu"]["ev"]["all"]["mean"]
-    print(f"[audit] {name}: EM {s['accuracy']['em']['value']:.3f}, mean CEU_ev "
-          f"{ev['value']} [{ev['ci_low']}, {ev['ci_high']}] (n={ev['n']}), "
+    ceu = s["ceu"]
+    print(f"[audit] {name}: EM {_num(s['accuracy']['em']['value'])}, mean CEU_ev "
+          f"{_stat(ceu['ev']['all']['mean'])}, control {_stat(ceu['ctrl']['all']['mean'])}, "
+          f"supported@0.5 {_num(s['supported_answer_rate'].get('0.5', {}).get('value'))}, "
           f"degenerate {s['n_degenerate']}")
+
+
+def _num(x) -> str:
+  return "n/a" if x is None else f"{x:.3f}"
+
+
+def _stat(m: dict) -> str:
+  """'value [ci_low, ci_high] (n=..)' to 3 decimals; n/a where no example counts."""
+  return f"{_num(m['value'])} [{_num(m['ci_low'])}, {_num(m['ci_high'])}] (n={m['n']})"
 
 
 if __name__ == "__main__":
