@@ -103,7 +103,7 @@ def test_trained_attention_uses_its_evidence_and_not_a_control_span(tmp_path):
   """Issue #4 acceptance 4: the README's smoke-world attention run (bypass off).
 
   Mean CEU of a random non-evidence span of the evidence's length <= 0.05 and
-  mean evidence CEU >= 0.5 under value swap (~4 min on 2 CPU cores).
+  mean evidence CEU >= 0.5 under value swap (about 1 min on one CPU core).
   """
   from configs import smoke  # pylint: disable=g-import-not-at-top
   config, workdir = smoke.get_config(), str(tmp_path / "run")
