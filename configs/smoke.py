@@ -1,6 +1,6 @@
 """Smoke grid: the README's main command — every architecture, baseline vs CER (SPEC §6).
 
-Run (≤ 20 min on 2 CPU cores):
+Run (~22 min on one CPU core, measured):
   python -m experiments.grid --config configs/smoke.py --workdir runs/smoke
 Split over processes or hosts (same workdir, or merge workdirs' cells/ later):
   python -m experiments.grid --config configs/smoke.py --workdir runs/smoke --shard 0/2
