@@ -116,7 +116,10 @@ class MemoryPortRetrieval(nn.Module):
 
   def write(self, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
     """Slots [b, p, d]; with span_mask, slots re-encoded from the S part of pooling."""
-    alpha, _ = self.pooling(memory)
+    return self._slots(memory, self.pooling(memory)[0], span_mask)
+
+  def _slots(self, memory: dict, alpha: jax.Array, span_mask: jax.Array | None) -> jax.Array:
+    """Slots [b, p, d] from pooling weights α [b, m, s, h, n] (restricted to S if given)."""
     v = self._heads(self.pool_v(memory["encoded"].astype(jnp.float32)))  # [b,n,h,k]
     present = jnp.ones(alpha.shape[:3], jnp.float32)
     if span_mask is not None:
@@ -132,8 +135,8 @@ class MemoryPortRetrieval(nn.Module):
     """h_f [b, t, p, d]: per-port read values weighted by the run's per-head port attention."""
     enc = memory["encoded"]
     layers.check_span_mask(span_mask, enc.shape[0], enc.shape[1])
-    slots = self.write(memory)
-    _, relevance = self.pooling(memory)                                   # [b,m,s,h]
+    alpha, relevance = self.pooling(memory)                               # relevance [b,m,s,h]
+    slots = self._slots(memory, alpha, None)
     b, m, s, h = relevance.shape
     q = self._heads(self.read_q(x.astype(jnp.float32)))                  # [b,t,h,k]
     k = self._heads(self.read_k(slots))                                   # [b,p,h,k]
@@ -141,7 +144,7 @@ class MemoryPortRetrieval(nn.Module):
     logits = logits + relevance.reshape(b, m * s, h).transpose(0, 2, 1)[:, None]
     a = jax.nn.softmax(logits, axis=-1)                                   # [b,t,h,p]
     if span_mask is not None:
-      slots = self.write(memory, span_mask)
+      slots = self._slots(memory, alpha, span_mask)
     v = self._heads(self.read_v(slots))                                   # [b,p,h,k]
     out = jnp.einsum("bthp,bphk->btphk", a, v)
     out = out.reshape(*out.shape[:3], -1)                                 # [b,t,p,d]

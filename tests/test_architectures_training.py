@@ -20,7 +20,7 @@ def _fast_compile():
     yield
 
 
-# Steps that reached >= 95% EM on 2 CPU cores at lr 3e-3, batch 64 (see the README).
+# Steps that reached >= 95% EM (one CPU core, lr 3e-3, batch 64; see the README).
 ACCEPTANCE_STEPS = {"attention": 3000, "ssm": 2000, "memory_port": 6000}
 
 
