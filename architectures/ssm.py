@@ -15,9 +15,20 @@ token's features (and thus the read recurrence's gates) already depend on the
 query; the read recurrence's selection features are further modulated by a
 query summary (FiLM). The read recurrence itself starts at the first context
 token and (by default) restarts at every passage start; its state at the end of
-passage p is read slot p (P = m ports). Because h_end = Σ_j (Π_{k>j} A_k) B_j x_j,
-Π_S h is the same scan with the inputs B_j x_j zeroed outside S and the gates
-kept: exact (`span_decomposition = 'exact'`).
+passage p is read slot p (P = m ports).
+
+Read slots in closed form: the state at the end of passage p is
+  state_p = Σ_{j in p} u_j,   u_j = (Π_{j<k≤end(p)} A_k) ⊙ B_j x_j,
+so with the gates of the run fixed, Π_S state_p = Σ_{j in S ∩ p} u_j exactly
+(`span_decomposition = 'exact'`; SPEC §2). The per-token contributions u_j
+[b,n,c,s] do not depend on S: one reverse segmented scan of the gates per
+example gives the suffix products W_j = Π_{j<k≤end(p)} A_k (no division of
+cumulative products, so products that underflow give 0, not 0/0), and every
+span is then a masked sum (a matmul of the span mask with u). Under the CEU
+engine, which splits off probe-independent work by partial evaluation, the scan
+therefore runs once per call whatever the number of probes. Without resets at
+passage starts (`ssm_reset_at_passages=False`) slot p also sees earlier
+passages, and the contributions carry the slot axis, [b,n,p,c,s].
 
 State size vs the attention family: the reader reads P x c x s numbers per read
 layer (m * ssm_inner * ssm_state, e.g. 8 x 64 x 8 = 4096 at the p100k preset),
@@ -27,6 +38,7 @@ keys and N x (h k) values (2 x 128 x 64 = 16384 at N = 128, growing with N).
 from __future__ import annotations
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,23 +53,27 @@ def _combine(left, right):
   return a1 * a2, a2 * b1 + b2
 
 
-def associative_scan(a: jax.Array, b: jax.Array) -> jax.Array:
-  """All states h_j of h_j = a_j h_{j-1} + b_j (h_{-1} = 0) along axis 1, in parallel."""
-  return jax.lax.associative_scan(_combine, (a, b), axis=1)[1]
+def associative_scan(a: jax.Array, b: jax.Array, reverse: bool = False) -> jax.Array:
+  """All states h_j of h_j = a_j h_{j-1} + b_j (h_{-1} = 0) along axis 1, in parallel.
+
+  ``reverse``: h_j = a_j h_{j+1} + b_j (h_n = 0), from the last position back.
+  """
+  return jax.lax.associative_scan(_combine, (a, b), reverse=reverse, axis=1)[1]
 
 
-def sequential_scan(a: jax.Array, b: jax.Array) -> jax.Array:
+def sequential_scan(a: jax.Array, b: jax.Array, reverse: bool = False) -> jax.Array:
   """Reference: the same recurrence with `lax.scan` along axis 1."""
   def step(h, ab):
     h = ab[0] * h + ab[1]
     return h, h
   a_t, b_t = jnp.moveaxis(a, 1, 0), jnp.moveaxis(b, 1, 0)
-  _, hs = jax.lax.scan(step, jnp.zeros_like(b_t[0]), (a_t, b_t))
+  _, hs = jax.lax.scan(step, jnp.zeros_like(b_t[0]), (a_t, b_t), reverse=reverse)
   return jnp.moveaxis(hs, 0, 1)
 
 
-def run_scan(a: jax.Array, b: jax.Array, impl: str) -> jax.Array:
-  return associative_scan(a, b) if impl == "associative" else sequential_scan(a, b)
+def run_scan(a: jax.Array, b: jax.Array, impl: str, reverse: bool = False) -> jax.Array:
+  scan = associative_scan if impl == "associative" else sequential_scan
+  return scan(a, b, reverse)
 
 
 def _a_log_init(num_state: int):
@@ -146,18 +162,72 @@ def passage_starts(passage_ids: jax.Array) -> jax.Array:
   return passage_ids != prev
 
 
+def passage_ends(passage_ids: jax.Array) -> jax.Array:
+  """[b, n] bool: last token of each passage (the next token's passage id differs)."""
+  nxt = jnp.pad(passage_ids, ((0, 0), (0, 1)), constant_values=-1)[:, 1:]
+  return passage_ids != nxt
+
+
 def passage_end_onehot(passage_ids: jax.Array, num_passages: int) -> jax.Array:
   """[b, p, n] float: 1 at the last token of passage p (all 0 if p is absent)."""
-  nxt = jnp.pad(passage_ids, ((0, 0), (0, 1)), constant_values=-1)[:, 1:]
-  is_end = passage_ids != nxt
   onehot = passage_ids[:, None, :] == jnp.arange(num_passages)[None, :, None]
-  return (onehot & is_end[:, None, :]).astype(jnp.float32)
+  return (onehot & passage_ends(passage_ids)[:, None, :]).astype(jnp.float32)
+
+
+@flax.struct.dataclass
+class SlotContributions:
+  """Each context token's additive share of the read slots' end states.
+
+  One of two layouts: with resets at passage starts a token reaches only its
+  own passage's slot, so ``terms`` is [b,n,c,s] and ``token_slot`` [b,p,n] the
+  one-hot of each token's slot; without resets ``terms`` is [b,n,p,c,s] and
+  ``token_slot`` is None.
+  """
+  terms: jax.Array                 # [b,n,c,s] or [b,n,p,c,s] float32: u_j (per slot)
+  token_slot: jax.Array | None     # [b,p,n] float32: 1 where token n feeds slot p
+
+  def states(self, span_mask: jax.Array | None = None) -> jax.Array:
+    """Π_S state_p [b,p,c,s] = Σ_{n in S} u_n (every token without a mask)."""
+    if self.token_slot is None:
+      b, n = self.terms.shape[:2]
+      w = (jnp.ones((b, n), jnp.float32) if span_mask is None
+           else span_mask.astype(jnp.float32))
+      return jnp.einsum("bn,bnpcs->bpcs", w, self.terms)
+    w = self.token_slot
+    if span_mask is not None:
+      w = w * span_mask.astype(jnp.float32)[:, None, :]
+    return jnp.einsum("bpn,bncs->bpcs", w, self.terms)
+
+
+def slot_contributions(a: jax.Array, bx: jax.Array, passage_ids: jax.Array,
+                       num_slots: int, reset: bool, impl: str) -> SlotContributions:
+  """Per-token contributions u_j to the slots' end states, from the run's gates
+  a and inputs bx [b,n,c,s] (a already zeroed at passage starts when ``reset``).
+
+  Suffix products by one reverse scan, W_j = a_{j+1} ⊙ W_{j+1} + e_j, u_j = W_j ⊙ bx_j:
+  with ``reset`` the scan is segmented at passage ends (e = 1 there, the gate
+  across the boundary 0), so W_j = Π_{j<k≤end(j)} a_k; without, W carries the
+  slot axis, W_jp = Σ_{ends n ≥ j of passage p} Π_{j<k≤n} a_k.
+  """
+  a_next = jnp.pad(a[:, 1:], ((0, 0), (0, 1), (0, 0), (0, 0)))        # a_{j+1}; 0 past the end
+  if reset:
+    is_end = passage_ends(passage_ids)[..., None, None]                # [b,n,1,1]
+    a_next = jnp.where(is_end, 0.0, a_next)
+    w = run_scan(a_next, jnp.broadcast_to(is_end.astype(a.dtype), a.shape), impl, reverse=True)
+    token_slot = passage_ids[:, None, :] == jnp.arange(num_slots)[None, :, None]
+    return SlotContributions(w * bx, token_slot.astype(jnp.float32))
+  ends = jnp.moveaxis(passage_end_onehot(passage_ids, num_slots), 1, 2)  # [b,n,p]
+  b, n, c, s = a.shape
+  shape = (b, n, num_slots, c, s)
+  w = run_scan(jnp.broadcast_to(a_next[:, :, None], shape),
+               jnp.broadcast_to(ends[..., None, None].astype(a.dtype), shape), impl, reverse=True)
+  return SlotContributions(w * bx[:, :, None], None)
 
 
 class SSMRetrieval(nn.Module):
   """Read port: readout of the selective recurrence's passage-end states."""
   spec: ArchSpec  # static sizes
-  span_decomposition = "exact"  # inputs zeroed outside S, gates kept
+  span_decomposition = "exact"  # Π_S state = masked sum of per-token contributions
 
   def setup(self):
     s = self.spec
@@ -179,14 +249,16 @@ class SSMRetrieval(nn.Module):
       a = a * (1.0 - passage_starts(memory["passage_ids"]))[..., None, None]
     return a, bx
 
+  def contributions(self, memory: dict) -> SlotContributions:
+    """Per-token contributions to the slot states (independent of any span)."""
+    s = self.spec
+    a, bx = self.gates_and_inputs(memory)
+    return slot_contributions(a, bx, memory["passage_ids"], s.num_passages,
+                              s.ssm_reset_at_passages, s.scan_impl)
+
   def slot_states(self, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
     """States at passage ends [b, p, c, s]; with span_mask, Π_S of them (exact)."""
-    a, bx = self.gates_and_inputs(memory)
-    if span_mask is not None:
-      bx = bx * span_mask.astype(jnp.float32)[..., None, None]
-    h = run_scan(a, bx, self.spec.scan_impl)                              # [b,n,c,s]
-    ends = passage_end_onehot(memory["passage_ids"], self.spec.num_passages)
-    return jnp.einsum("bpn,bncs->bpcs", ends, h)
+    return self.contributions(memory).states(span_mask)
 
   def read(self, x: jax.Array, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
     """h_f [b, t, p, c] = C(x_t) · state_p; linear in the states, so Π_S is exact."""
