@@ -183,19 +183,19 @@ class SlotContributions:
   one-hot of each token's slot; without resets ``terms`` is [b,n,p,c,s] and
   ``token_slot`` is None.
   """
-  terms: jax.Array                 # [b,n,c,s] or [b,n,p,c,s] float32: u_j (per slot)
-  token_slot: jax.Array | None     # [b,p,n] float32: 1 where token n feeds slot p
+  terms: jax.Array                 # [b,n,c,s] or [b,n,p,c,s] (gates' dtype): u_j (per slot)
+  token_slot: jax.Array | None     # [b,p,n] bool: token n feeds slot p
 
   def states(self, span_mask: jax.Array | None = None) -> jax.Array:
     """Π_S state_p [b,p,c,s] = Σ_{n in S} u_n (every token without a mask)."""
+    dtype = self.terms.dtype
     if self.token_slot is None:
       b, n = self.terms.shape[:2]
-      w = (jnp.ones((b, n), jnp.float32) if span_mask is None
-           else span_mask.astype(jnp.float32))
+      w = jnp.ones((b, n), dtype) if span_mask is None else span_mask.astype(dtype)
       return jnp.einsum("bn,bnpcs->bpcs", w, self.terms)
-    w = self.token_slot
+    w = self.token_slot.astype(dtype)
     if span_mask is not None:
-      w = w * span_mask.astype(jnp.float32)[:, None, :]
+      w = w * span_mask.astype(dtype)[:, None, :]
     return jnp.einsum("bpn,bncs->bpcs", w, self.terms)
 
 
@@ -215,7 +215,7 @@ def slot_contributions(a: jax.Array, bx: jax.Array, passage_ids: jax.Array,
     a_next = jnp.where(is_end, 0.0, a_next)
     w = run_scan(a_next, jnp.broadcast_to(is_end.astype(a.dtype), a.shape), impl, reverse=True)
     token_slot = passage_ids[:, None, :] == jnp.arange(num_slots)[None, :, None]
-    return SlotContributions(w * bx, token_slot.astype(jnp.float32))
+    return SlotContributions(w * bx, token_slot)
   ends = jnp.moveaxis(passage_end_onehot(passage_ids, num_slots), 1, 2)  # [b,n,p]
   b, n, c, s = a.shape
   shape = (b, n, num_slots, c, s)

@@ -1,0 +1,336 @@
+"""SSM read port in closed form (issue #23): Π_S of the slot states as a masked sum
+of per-token contributions, against the masked re-scan and the sequential
+`lax.scan` reference; SPEC §1 identities through the engine; the read scan runs
+once per call whatever the number of probes.
+
+Shape legend: K probes, B batch, N context tokens, P read slots, c inner
+channels, s state size, T reader positions.
+"""
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import architectures
+from architectures import ssm
+from architectures.spec import SCAN_IMPLS, make_spec
+from ceu_jax import engine
+from ceu_jax.audit import make_loglik_fn
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
+# ------------------------------------------------------------------ references
+
+def masked_rescan_states(a, bx, passage_ids, num_slots, span_mask, impl):
+  """The pre-#23 path: the recurrence re-run with inputs outside S zeroed
+  (gates kept), the states read at passage ends. [B, P, c, s]."""
+  if span_mask is not None:
+    bx = bx * span_mask.astype(bx.dtype)[..., None, None]
+  h = ssm.run_scan(a, bx, impl)
+  ends = ssm.passage_end_onehot(passage_ids, num_slots).astype(bx.dtype)
+  return jnp.einsum("bpn,bncs->bpcs", ends, h)
+
+
+def _layout(kind: str, b: int, n: int, p: int, seed: int) -> np.ndarray:
+  """[B, N] passage ids: equal blocks, ragged sorted blocks, or a layout with
+  padding ids (-1 and p, outside the slots) and a passage split in two runs."""
+  rng = np.random.default_rng(seed)
+  if kind == "blocks":
+    return np.broadcast_to(np.repeat(np.arange(p), n // p), (b, n)).copy()
+  if kind == "ragged":
+    return np.sort(rng.integers(0, p, (b, n)), axis=1)
+  ids = np.sort(rng.integers(0, p, (b, n)), axis=1)
+  ids[:, : n // 8] = p                 # a leading run outside the slots
+  ids[:, -(n // 8):] = -1              # trailing padding
+  ids[:, n // 2: n // 2 + 3] = 0       # passage 0 again: two runs feed slot 0
+  return ids
+
+
+def _gates(key, b, n, c, s, dtype, lo=0.3, hi=1.0):
+  ka, kb = jax.random.split(key)
+  a = jax.random.uniform(ka, (b, n, c, s), dtype, minval=lo, maxval=hi)
+  bx = jax.random.normal(kb, (b, n, c, s), dtype)
+  return a, bx
+
+
+def _spans(key, b, n, pid):
+  """Named [B, N] masks: random, empty, full, windows crossing a passage boundary."""
+  first_end = np.argmax(pid != pid[:, :1], axis=1)          # first boundary
+  pos = np.arange(n)[None]
+  cross = (pos >= first_end[:, None] - 3) & (pos < first_end[:, None] + 4)
+  return {"random": jax.random.bernoulli(key, 0.4, (b, n)),
+          "empty": jnp.zeros((b, n), bool), "full": jnp.ones((b, n), bool),
+          "crossing": jnp.asarray(cross),
+          "soft": jax.random.uniform(key, (b, n))}            # float masks interpolate
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _closed_and_references(a, bx, pid, p, reset, spans):
+  """{(impl, span name): (closed form, [re-scan associative, re-scan sequential])}."""
+  if reset:
+    a = a * (1.0 - ssm.passage_starts(pid))[..., None, None].astype(a.dtype)
+  out = {}
+  for impl in SCAN_IMPLS:
+    con = ssm.slot_contributions(a, bx, pid, p, reset, impl)
+    for name, span in list(spans.items()) + [("none", None)]:
+      out[impl, name] = (con.states(span), [masked_rescan_states(a, bx, pid, p, span, r)
+                                            for r in SCAN_IMPLS])
+    out[impl, "complement"] = (con.states(spans["random"]) + con.states(~spans["random"]),
+                               [con.states()])
+  return out
+
+
+def _check_against_references(a, bx, pid, p, reset, tol):
+  spans = _spans(jax.random.PRNGKey(5), pid.shape[0], pid.shape[1], np.asarray(pid))
+  got = _closed_and_references(a, bx, pid, p, reset, spans)
+  assert len(got) == len(SCAN_IMPLS) * (len(spans) + 2)
+  for (impl, name), (closed, refs) in got.items():
+    assert closed.dtype == a.dtype and closed.shape == (a.shape[0], p) + a.shape[2:]
+    for ref in refs:
+      np.testing.assert_allclose(closed, ref, atol=tol, rtol=tol, err_msg=f"{impl}, {name}")
+    if name == "empty":
+      assert float(jnp.abs(closed).max()) == 0.0
+
+
+# ------------------------------------------------------------------ closed form vs references
+
+@pytest.mark.parametrize("reset", [True, False])
+@pytest.mark.parametrize("kind", ["blocks", "ragged", "padded"])
+def test_closed_form_equals_rescan_float32(reset, kind):
+  b, n, c, s, p = 3, 48, 3, 4, 4
+  a, bx = _gates(jax.random.PRNGKey(0), b, n, c, s, jnp.float32)
+  pid = jnp.asarray(_layout(kind, b, n, p, seed=1), jnp.int32)
+  _check_against_references(a, bx, pid, p, reset, tol=1e-5)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_closed_form_equals_rescan_float64(reset):
+  with jax.enable_x64(True):
+    b, n, c, s, p = 2, 40, 2, 3, 4
+    a, bx = _gates(jax.random.PRNGKey(2), b, n, c, s, jnp.float64)
+    pid = jnp.asarray(_layout("padded", b, n, p, seed=3), jnp.int32)
+    _check_against_references(a, bx, pid, p, reset, tol=1e-10)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_long_context_gate_products_underflow(reset):
+  """Passages of 512 tokens with gates ≤ 0.6: Π A underflows float32 (0.6^200
+  ≈ 1e-44) within a passage; the suffix products come out 0, never 0/0."""
+  b, n, c, s, p = 1, 1024, 2, 2, 2
+  a, bx = _gates(jax.random.PRNGKey(4), b, n, c, s, jnp.float32, lo=0.3, hi=0.6)
+  pid = jnp.asarray(_layout("blocks", b, n, p, seed=0), jnp.int32)
+  a_r = a * (1.0 - ssm.passage_starts(pid))[..., None, None] if reset else a
+  terms = jax.jit(lambda a, bx: ssm.slot_contributions(a, bx, pid, p, reset, "associative").terms)(
+      a_r, bx)
+  assert bool(jnp.isfinite(terms).all())
+  first = terms[:, 0] if reset else terms[:, 0, 0]
+  assert float(jnp.abs(first).max()) == 0.0        # Π over ~1000 gates underflowed
+  _check_against_references(a, bx, pid, p, reset, tol=1e-5)
+
+
+def test_gradients_equal_the_rescan_gradients_float64():
+  """CER training differentiates through Π_S: same gradients as the re-scan."""
+  with jax.enable_x64(True):
+    b, n, c, s, p = 2, 24, 2, 2, 3
+    a, bx = _gates(jax.random.PRNGKey(6), b, n, c, s, jnp.float64)
+    pid = jnp.asarray(_layout("ragged", b, n, p, seed=7), jnp.int32)
+    span = jax.random.bernoulli(jax.random.PRNGKey(8), 0.5, (b, n))
+    w = jax.random.normal(jax.random.PRNGKey(9), (b, p, c, s), jnp.float64)
+
+    keep = (1.0 - ssm.passage_starts(pid))[..., None, None]          # resets inside both
+
+    def closed(a, bx):
+      con = ssm.slot_contributions(a * keep, bx, pid, p, True, "associative")
+      return jnp.sum(w * con.states(span))
+
+    def rescan(a, bx):
+      return jnp.sum(w * masked_rescan_states(a * keep, bx, pid, p, span, "sequential"))
+
+    grads = jax.jit(lambda a, bx: (jax.grad(closed, (0, 1))(a, bx),
+                                   jax.grad(rescan, (0, 1))(a, bx)))(a, bx)
+    for g, r in zip(*grads):
+      assert g.dtype == jnp.float64 and float(jnp.abs(g).max()) > 0
+      np.testing.assert_allclose(g, r, atol=1e-10, rtol=1e-10)
+
+
+# ------------------------------------------------------------------ the module's port
+
+SIZES = dict(vocab_size=40, context_len=24, num_passages=3, query_len=4, answer_len=2)
+
+
+def _port(reset: bool = True, impl: str = "associative"):
+  spec = make_spec(dict(family="ssm", preset="p100k",
+                        overrides=dict(ssm_reset_at_passages=reset, scan_impl=impl,
+                                       ssm_inner=8, ssm_state=4, embed_dim=16)), **SIZES)
+  port = ssm.SSMRetrieval(spec)
+  r = np.random.default_rng(0)
+  b, n, t = 2, SIZES["context_len"], 5
+  memory = {"encoded": jnp.asarray(r.normal(size=(b, n, 16)), jnp.float32),
+            "query_summary": jnp.asarray(r.normal(size=(b, 16)), jnp.float32),
+            "passage_ids": jnp.asarray(_layout("ragged", b, n, 3, seed=2), jnp.int32)}
+  x = jnp.asarray(r.normal(size=(b, t, 16)), jnp.float32)
+  variables = port.init(jax.random.PRNGKey(1), x, memory)
+  # Non-zero FiLM so that the query path is exercised too.
+  variables = jax.tree.map(lambda v: v + 0.1 * jnp.ones_like(v), variables)
+  return port, variables, x, memory
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_port_read_equals_masked_rescan(reset):
+  port, variables, x, memory = _port(reset)
+  b, n = memory["passage_ids"].shape
+  spans = _spans(jax.random.PRNGKey(3), b, n, np.asarray(memory["passage_ids"]))
+
+  @jax.jit
+  def run(variables, x, memory, spans):
+    a, bx = port.apply(variables, memory, method="gates_and_inputs")
+    c = port.apply(variables, x, method=lambda m, x: m.c_proj(x))
+    out = {}
+    for name, span in list(spans.items()) + [("none", None)]:
+      out[name] = (port.apply(variables, x, memory, span, method="read"),
+                   [jnp.einsum("bts,bpcs->btpc", c, masked_rescan_states(
+                       a, bx, memory["passage_ids"], 3, span, impl)) for impl in SCAN_IMPLS])
+    return out
+
+  for name, (got, refs) in run(variables, x, memory, spans).items():
+    for want in refs:
+      np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=name)
+  with pytest.raises(ValueError, match="span_mask must have shape"):
+    port.apply(variables, x, memory, jnp.ones((b, n + 1), bool), method="read")
+
+
+# ------------------------------------------------------------------ through the engine
+
+def _model_and_batch(impl: str = "associative"):
+  cfg = dict(family="ssm", preset="p100k",
+             overrides=dict(scan_impl=impl, ssm_inner=8, ssm_state=4, embed_dim=16,
+                            reader_mlp_dim=32, reader_heads=2, reader_layers=1))
+  model = architectures.build_model(cfg, **SIZES)
+  variables = architectures.init_params(model, jax.random.PRNGKey(0))
+  r = np.random.default_rng(1)
+  b, n = 3, SIZES["context_len"]
+  q = jnp.asarray(r.integers(3, 40, (b, SIZES["query_len"])), jnp.int32)
+  ctx = r.integers(3, 40, (b, n))
+  pid = jnp.asarray(_layout("blocks", b, n, 3, seed=0), jnp.int32)
+  ans = jnp.asarray(r.integers(3, 40, (b, SIZES["answer_len"])), jnp.int32)
+  bad = ctx.copy()
+  bad[:, 5:12] = 3 + (bad[:, 5:12] + 7) % 37                     # corrupt across a boundary
+  clean = (q, jnp.asarray(ctx, jnp.int32), pid, ans)
+  corrupt = (q, jnp.asarray(bad, jnp.int32), pid, ans)
+  site, _ = architectures.read_port_sites(cfg)[-1]
+  return model, variables, clean, corrupt, engine.Site(site)
+
+
+def test_spec_identities_through_the_engine():
+  """SPEC §1: D+ into D+ gives L+; S = all equals the full patch; S = ∅ gives L−."""
+  model, variables, clean, corrupt, site = _model_and_batch()
+  ll = make_loglik_fn(model)
+  b, n = clean[1].shape
+  ev = jnp.zeros((b, n), bool).at[:, 5:12].set(True)
+  spans = engine.Probes(span=jnp.stack([jnp.ones_like(ev), jnp.zeros_like(ev), ev, ~ev]))
+
+  @jax.jit
+  def run(v):
+    il = lambda c, d, p: engine.intervened_logliks(ll, v, c, d, site, p, chunk_size=2)
+    return dict(L_plus=ll(v, clean), L_minus=ll(v, corrupt),
+                self_span=il(clean, clean, spans), full=il(clean, corrupt, engine.Probes())[0],
+                span=il(clean, corrupt, spans))
+  r = run(variables)
+  assert float(jnp.abs(r["L_plus"] - r["L_minus"]).min()) > 1e-4
+  for k in range(4):
+    np.testing.assert_allclose(r["self_span"][k], r["L_plus"], atol=1e-5)
+  np.testing.assert_allclose(r["span"][0], r["full"], atol=1e-5)
+  np.testing.assert_allclose(r["span"][1], r["L_minus"], atol=1e-5)
+  assert not np.allclose(r["span"][2], r["L_minus"], atol=1e-4)   # the patch does something
+
+
+def _scan_count(jaxpr) -> int:
+  """`scan` primitives in a jaxpr, nested ones included."""
+  n = 0
+  for eqn in jaxpr.eqns:
+    n += eqn.primitive.name == "scan"
+    for v in eqn.params.values():
+      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):   # ClosedJaxpr
+          n += _scan_count(sub.jaxpr)
+        elif hasattr(sub, "eqns"):                              # Jaxpr
+          n += _scan_count(sub)
+  return n
+
+
+def _probe_loop(jaxpr, n_chunks: int):
+  """The body of the engine's `lax.map` over chunks (a scan of length n_chunks)."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan" and eqn.params["length"] == n_chunks:
+      return eqn.params["jaxpr"].jaxpr
+    for v in eqn.params.values():
+      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        inner = sub.jaxpr if hasattr(sub, "consts") else sub
+        if hasattr(inner, "eqns"):
+          found = _probe_loop(inner, n_chunks)
+          if found is not None:
+            return found
+  return None
+
+
+@pytest.mark.parametrize("hoist", [True, False])
+def test_read_scan_is_outside_the_probe_loop(hoist):
+  """With the sequential scan (a `scan` primitive per recurrence), the engine's
+  loop over probe chunks holds no scan: the contributions are loop-invariant."""
+  model, variables, clean, corrupt, site = _model_and_batch("sequential")
+  ll = make_loglik_fn(model)
+  b, n = clean[1].shape
+  spans = jax.random.bernoulli(jax.random.PRNGKey(0), 0.3, (6, b, n))
+  closed = jax.make_jaxpr(lambda v, s: engine.intervened_logliks(
+      ll, v, clean, corrupt, site, engine.Probes(span=s), chunk_size=2, hoist=hoist))(
+          variables, spans)
+  body = _probe_loop(closed.jaxpr, n_chunks=3)
+  assert body is not None
+  # The per-probe work holds the reader's suffix but no recurrence; without
+  # hoisting both runs (encoder and read scans) are inside the loop.
+  if hoist:
+    assert _scan_count(body) == 0
+    assert _scan_count(closed.jaxpr) >= 4      # encoder + read scans, clean and corrupt
+  else:
+    assert _scan_count(body) >= 4
+
+
+def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch):
+  """Executions of the contributions (counted by a host callback inside them)
+  do not grow with K: L+ and L− runs, then Π_S h and h on the clean and the
+  corrupted run once each, shared by every chunk."""
+  calls = [0]
+  inner = ssm.slot_contributions
+
+  def counted(a, *args, **kw):
+    jax.debug.callback(lambda _: calls.__setitem__(0, calls[0] + 1), a.sum())
+    return inner(a, *args, **kw)
+
+  monkeypatch.setattr(ssm, "slot_contributions", counted)
+  model, variables, clean, corrupt, site = _model_and_batch()
+  ll = make_loglik_fn(model)
+  b, n = clean[1].shape
+
+  def executions(k, **kw):
+    calls[0] = 0
+    spans = jax.random.bernoulli(jax.random.PRNGKey(k), 0.3, (k, b, n))
+    r = engine.audit(ll, variables, clean, corrupt, site, engine.Probes(span=spans),
+                     chunk_size=2, **kw)
+    jax.block_until_ready(r.L_int)
+    jax.effects_barrier()
+    return calls[0]
+
+  assert executions(4) == executions(12) == 2 + 2 * 2     # 2 and 6 chunks
+  assert executions(12, hoist=False) == 2 + 2 * 2 * 6     # per chunk without hoisting
