@@ -21,7 +21,9 @@ Suffix share s (measured, not assumed):
   w = the per-probe work alone, timed: the engine's vmapped probe function is
       split by partial evaluation (as the engine's hoisting does); everything
       that does not depend on the probe (both runs up to and including the
-      site's output) is computed once and fed in, and the jitted remainder
+      site's output, and what the port derives from them alone: the ssm
+      port's per-token contributions) is computed once and fed in, and the
+      jitted remainder
       (Π_S h on D+ and D−, the patched site, the suffix after it) is timed on
       one probe (also on one chunk, per probe, to show memory-boundness);
   s = w / u;  ideal speedup k / (1 + k·s)   (sequential k·u vs engine u + k·w).
@@ -31,6 +33,11 @@ Every timing: warm-up call first (compile excluded), block_until_ready, the
 median of --repeats runs; the measurements of one family are interleaved
 round-robin so that the shared machine's load drifts hit them alike. Wall
 time is primary (TARGETs); process CPU time is shown too (robust to load).
+Memory per chunk (printed per family): the loop-invariant residuals that the
+probe loop reads (computed once per call; for ssm they hold the read port's
+contributions, [B, N, inner, state] float32 per read layer for each of D+ and
+D−) and XLA's temporaries for one chunk of the loop body (memory analysis of
+its compiled executable).
 Ends with `TARGET <name> <measured> <op> <goal> PASS|MISS` lines.
 
 Shape legend: K probes, B batch, N context tokens.
@@ -38,8 +45,10 @@ Shape legend: K probes, B batch, N context tokens.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
+import math
 import os
 import statistics
 import time
@@ -158,14 +167,15 @@ def prefix(st: Setup) -> Callable:
   return lambda: cut(st.variables, st.corrupt)
 
 
-def probe_work(st: Setup, spans: jax.Array) -> Callable:
-  """The per-probe work alone, for the probes `spans` [C, B, N] vmapped.
+def split_probe_work(st: Setup, spans: jax.Array) -> tuple[Callable, list]:
+  """(jitted body, residuals): the engine's vmapped probe function on `spans`
+  [C, B, N] split by partial evaluation (as the engine's hoisting does).
 
-  Splits the engine's vmapped probe function by partial evaluation (as the
-  engine's hoisting does): everything that does not depend on the probe —
-  both runs up to and including the site's output — is computed once here and
-  fed in as inputs; the returned thunk times what is left (Π_S h on D+ and D−,
-  the patched site, the suffix after it).
+  Everything that does not depend on the probe — both runs up to and
+  including the site's output, and what the port computes from them alone
+  (ssm: the per-token contributions) — is computed once here: the residuals.
+  ``body(residuals, spans)`` is what is left (Π_S h on D+ and D−, the patched
+  site, the suffix after it).
   """
   one = functools.partial(engine.one_probe, st.loglik_fn, st.site,
                           allow_approximate=st.approximate)
@@ -183,7 +193,26 @@ def probe_work(st: Setup, spans: jax.Array) -> Callable:
   known_out = jax.jit(_jaxpr_as_fun(known))(*c_leaves)
   residuals = list(known_out[len(known_out) - len(res_avals):])
   body = jax.jit(lambda res, span: _jaxpr_as_fun(unknown)(*res, span))
+  return body, residuals
+
+
+def probe_work(st: Setup, spans: jax.Array) -> Callable:
+  """Thunk timing the per-probe work alone for `spans` [C, B, N] (see
+  `split_probe_work`)."""
+  body, residuals = split_probe_work(st, spans)
   return lambda: body(residuals, spans)
+
+
+def chunk_memory(st: Setup, spans: jax.Array) -> dict:
+  """Memory of one chunk of probes `spans` [C, B, N]: the loop-invariant
+  residuals (computed once per call, shared by every chunk; their largest
+  shapes) and XLA's temporaries for one call of the loop body."""
+  body, residuals = split_probe_work(st, spans)
+  by_shape = collections.Counter(tuple(r.shape) for r in residuals)
+  largest = sorted(by_shape.items(), key=lambda kv: -kv[1] * math.prod(kv[0]))[:3]
+  stats = body.lower(residuals, spans).compile().memory_analysis()
+  return dict(residual_bytes=sum(r.nbytes for r in residuals), largest=largest,
+              temp_bytes=getattr(stats, "temp_size_in_bytes", None))
 
 
 # ------------------------------------------------------------------ timing
@@ -218,11 +247,12 @@ def check_agree(eng: Callable, seq: Callable, spans: jax.Array) -> float:
   return float(jnp.max(jnp.abs(res.L_int - l_int)))
 
 
-# Probes per vmapped chunk when --chunk_size is not given. The ssm port's Π_S
-# re-runs its read scan per probe, so a chunk of 16 materialises 16 scans and is
-# memory-bound on CPU (measured: 8.3 ms/probe in a chunk of 16 vs 4.2 ms alone);
-# chunks of 4 keep it compute-bound.
-DEFAULT_CHUNK = {"ssm": 4}
+# Probes per vmapped chunk per family when --chunk_size is not given (else 16,
+# the audit configs' value). Empty since issue #23: the ssm port used to re-run
+# its read scan per probe (a chunk of 16 materialised 16 scans and was
+# memory-bound on CPU, so ssm ran in chunks of 4); its Π_S is now a masked sum
+# of per-token contributions computed once per call, and 16 suits it too.
+DEFAULT_CHUNK: dict[str, int] = {}
 
 
 def chunk_for(family: str, args) -> int:
@@ -239,16 +269,17 @@ def bench_family(family: str, args) -> dict:
   eng, seq = engine_audit(st, chunk_size), sequential_audit(st, one)
   big = spans[max(args.ks)]
   err = check_agree(eng, seq, spans[min(args.ks)])
+  chunk = big[:min(chunk_size, len(big))]
   fns = {"forward": forward(st), "prefix": prefix(st),
          "seq_probe": lambda: one(st.variables, st.clean, st.corrupt, big[0]),
          "probe_work_1": probe_work(st, big[:1]),
-         "probe_work_chunk": probe_work(st, big[:min(chunk_size, len(big))])}
+         "probe_work_chunk": probe_work(st, chunk)}
   for k in args.ks:
     probes = engine.span_probes(spans[k])
     fns[f"engine_{k}"] = lambda p=probes: eng(p)
     fns[f"seq_{k}"] = lambda s=spans[k]: seq(s)
   return dict(times=time_round_robin(fns, args.repeats), agree=err,
-              approximate=st.approximate, chunk=min(chunk_size, len(big)))
+              approximate=st.approximate, chunk=len(chunk), memory=chunk_memory(st, chunk))
 
 
 def shares(t: dict, clock: str) -> dict[str, float]:
@@ -289,6 +320,11 @@ def print_family(family: str, r: dict, rows: list[dict]) -> None:
           f"per-probe work w {_ms(sh['w'])} ms (in a vmapped chunk of {r['chunk']}: "
           f"{_ms(chunk)} ms/probe), s = w/u = {sh['s']:.4f}; cross-check: suffix by "
           f"subtraction F - T_prefix = {_ms(sh['suffix_sub'])} ms ({sh['suffix_sub'] / sh['forward']:.3f} F)")
+  m = r["memory"]
+  temp = "n/a" if m["temp_bytes"] is None else f"{m['temp_bytes'] / 2**20:.1f} MiB"
+  shapes = ", ".join(f"{n}x{list(shape)}" for shape, n in m["largest"])
+  print(f"  memory: loop-invariant residuals {m['residual_bytes'] / 2**20:.1f} MiB once per call "
+        f"(largest: {shapes}); per chunk of {r['chunk']}: {temp} XLA temporaries")
   print(f"  {'k':>3} {'engine ms':>10} {'seq ms':>10} {'speedup':>8} {'ideal':>7} {'ratio':>6} "
         f"{'ms/probe':>9} | cpu: {'speedup':>8} {'ideal':>7} {'ratio':>6} {'ms/probe':>9}")
   for row in rows:
