@@ -42,17 +42,17 @@ def test_new_probe_values_do_not_retrace_and_nothing_leaks():
     return gold_loglik(model.apply(variables, *inputs), inputs[2])
 
   with jax.checking_leaks():
-    r1 = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
-                      _span_probes(0, 5), chunk_size=2)
+    r1 = engine.audit(loglik_fn, v, clean=clean, corrupt=corrupt, site=Site("block_0/retrieval"),
+                      probes=_span_probes(0, 5), chunk_size=2)
   n = traces[0]
   assert n > 0
-  r2 = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
-                    _span_probes(1, 5), chunk_size=2)
+  r2 = engine.audit(loglik_fn, v, clean=clean, corrupt=corrupt, site=Site("block_0/retrieval"),
+                    probes=_span_probes(1, 5), chunk_size=2)
   assert traces[0] == n                    # same shapes: no retrace
   assert not np.allclose(r1.L_int, r2.L_int)
   # Other inputs of the same shapes do not retrace either.
-  engine.audit(loglik_fn, v, corrupt, clean, "block_0/retrieval",
-               _span_probes(2, 5), chunk_size=2)
+  engine.audit(loglik_fn, v, clean=corrupt, corrupt=clean, site=Site("block_0/retrieval"),
+               probes=_span_probes(2, 5), chunk_size=2)
   assert traces[0] == n
 
 
@@ -68,8 +68,8 @@ def test_prefix_runs_once_whatever_the_number_of_chunks():
 
   def executions(k, **kw):
     calls[0] = 0
-    r = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
-                     _span_probes(0, k), chunk_size=2, **kw)
+    r = engine.audit(loglik_fn, v, clean=clean, corrupt=corrupt, site=Site("block_0/retrieval"),
+                     probes=_span_probes(0, k), chunk_size=2, **kw)
     jax.block_until_ready(r.L_int)
     jax.effects_barrier()
     return calls[0], r
@@ -87,32 +87,32 @@ def test_prefix_runs_once_whatever_the_number_of_chunks():
 def test_unknown_site_lists_the_sites_seen():
   _, v, clean, corrupt, ll, _ = toy()
   with pytest.raises(engine.SiteNotFoundError) as e:
-    engine.audit(ll, v, clean, corrupt, "block_9/retrieval")
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site=Site("block_9/retrieval"))
   assert "block_1/retrieval:read" in str(e.value)
   assert "block_0/retrieval:read" in str(e.value)
   with pytest.raises(engine.SiteNotFoundError):
-    engine.audit(ll, v, clean, corrupt, Site("block_1/retrieval", "write"))
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site=Site("block_1/retrieval", "write"))
 
 
 def test_span_patch_needs_a_declared_decomposition():
   _, v, clean, corrupt, ll, _ = toy("plain", layers=1)
   with pytest.raises(engine.SpanUnsupportedError, match="span_decomposition"):
-    engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0))
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=_span_probes(0))
   # Port patches are fine there.
-  r = engine.audit(ll, v, clean, corrupt, SITE0, engine.port_probes(PORTS))
+  r = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=engine.port_probes(PORTS))
   assert r.ceu.shape == (PORTS, B)
 
 
 def test_approximate_span_needs_explicit_permission():
   _, v, clean, corrupt, ll, _ = toy("memory", layers=1)
   with pytest.raises(engine.SpanUnsupportedError, match="allow_approximate"):
-    engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0))
-  r = engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0, 2),
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=_span_probes(0))
+  r = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=_span_probes(0, 2),
                    allow_approximate=True)
   assert r.approximate
   # Port-restricted patches at a memory port are exact: all ports == full.
   both, full = jax.jit(lambda v: [engine.intervened_logliks(
-      ll, v, clean, corrupt, SITE0, p) for p in (
+      ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=p) for p in (
           Probes(ports=jnp.ones((1, PORTS), bool)), Probes())])(v)
   np.testing.assert_allclose(both, full, atol=1e-5)
 
@@ -130,7 +130,7 @@ def test_approximate_span_needs_explicit_permission():
 def test_mask_shape_errors_name_the_field(probes, field):
   _, v, clean, corrupt, ll, _ = toy(layers=1)
   with pytest.raises(engine.MaskShapeError, match=field):
-    engine.intervened_logliks(ll, v, clean, corrupt, SITE0, probes)
+    engine.intervened_logliks(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=probes)
 
 
 def test_a_site_called_twice_is_an_error():
@@ -151,7 +151,8 @@ def test_a_site_called_twice_is_an_error():
   x = jnp.ones((2, 3))
   v = m.init(jax.random.key(0), x)
   with pytest.raises(engine.EngineError, match="more than once"):
-    engine.audit(lambda vv, xx: m.apply(vv, xx), v, x, x, "port")
+    engine.audit(lambda vv, xx: m.apply(vv, xx), v, clean=x, corrupt=x,
+                 site=Site("port"))
 
 
 def test_compact_port_with_inline_submodules_can_be_span_patched():
@@ -177,8 +178,8 @@ def test_compact_port_with_inline_submodules_can_be_span_patched():
   ll = lambda vv, c: m.apply(vv, c)
   probes = Probes(span=jnp.stack([jnp.ones((2, 4), bool),
                                   jnp.zeros((2, 4), bool)]))
-  r = engine.audit(ll, v, c1, c2, "p", probes)
-  full = engine.audit(ll, v, c1, c2, "p")
+  r = engine.audit(ll, v, clean=c1, corrupt=c2, site=Site("p"), probes=probes)
+  full = engine.audit(ll, v, clean=c1, corrupt=c2, site=Site("p"))
   np.testing.assert_allclose(r.L_int[0], full.L_int[0], atol=1e-5)
   np.testing.assert_allclose(r.L_int[1], r.L_minus, atol=1e-5)
 
@@ -198,7 +199,7 @@ def test_record_and_patch_compose_under_jit():
   l_plus, hs, l_int, ref = go(v)
   assert hs[sites[0]].shape == (B, T, PORTS, 4)
   np.testing.assert_allclose(l_plus, ref, atol=1e-6)
-  full = engine.audit(ll, v, clean, corrupt, SITE)
+  full = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE)
   np.testing.assert_allclose(l_int, full.L_int[0], atol=1e-5)
 
 
@@ -273,12 +274,12 @@ def test_nominate_by_attention_mass():
 
 def test_profile_over_layers_and_ports():
   _, v, clean, corrupt, ll, _ = toy()
-  sites = ["block_0/retrieval", "block_1/retrieval"]
-  prof = engine.profile(ll, v, clean, corrupt, sites,
-                        engine.port_probes(PORTS))
+  sites = [Site("block_0/retrieval"), SITE]
+  prof = engine.profile(ll, v, clean=clean, corrupt=corrupt, sites=sites,
+                        probes=engine.port_probes(PORTS))
   assert prof.stacked("ceu").shape == (2, PORTS, B)
   assert prof.stacked("ceu", "port_1").shape == (2, B)
-  np.testing.assert_allclose(prof["block_0/retrieval"].L_plus,
+  np.testing.assert_allclose(prof[Site("block_0/retrieval")].L_plus,
                              prof[SITE].L_plus)
 
 
@@ -287,7 +288,7 @@ def test_tokenwise_ceu_with_per_token_logliks():
   q, a = clean[0].shape[1], clean[2].shape[1]
   # Answer token i is predicted at reader position q - 1 + i.
   probes = engine.position_probes(T, [q - 1 + i for i in range(a)])
-  r = engine.audit(tll, v, clean, corrupt, SITE0, probes)
+  r = engine.audit(tll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=probes)
   assert r.L_int.shape == (a, B, a) and r.L_plus.shape == (B, a)
   ceu_t, deg_t = engine.tokenwise(r.L_int, r.L_plus, r.L_minus, range(a))
   assert ceu_t.shape == (a, B) and deg_t.shape == (a, B)
