@@ -29,6 +29,8 @@ from jax.extend import core as jcore
 class Split:
   """The two halves of ``fn(consts, chunk)``."""
   body: Callable[[Any], Any]      # chunk -> fn's output (residuals closed over)
+  apply: Callable[[list, Any], Any]  # (residuals, chunk) -> fn's output
+  residuals: list                 # values the body reads from the known part
   n_known: int                    # top-level equations run once, now
   n_body: int                     # top-level equations left in the body
   residual_bytes: int             # bytes the body reads from the known part
@@ -104,8 +106,8 @@ def split(fn: Callable[[Any, Any], Any], consts: Any, chunk: Any) -> Split:
   residuals = [env[v] for v in residual_vars]
   out_tree = jax.tree.structure(out_shape)
 
-  def body(ch):
-    env_b = dict(zip(residual_vars, residuals))
+  def apply(res, ch):
+    env_b = dict(zip(residual_vars, res))
     env_b.update(zip(jaxpr.invars[nc:], jax.tree.leaves(ch)))
     _run(body_eqns, env_b)
     outs = [v.val if isinstance(v, jcore.Literal) else env_b[v]
@@ -113,6 +115,7 @@ def split(fn: Callable[[Any, Any], Any], consts: Any, chunk: Any) -> Split:
     return jax.tree.unflatten(out_tree, outs)
 
   return Split(
-      body=body, n_known=len(known_eqns), n_body=len(body_eqns),
+      body=lambda ch: apply(residuals, ch), apply=apply, residuals=residuals,
+      n_known=len(known_eqns), n_body=len(body_eqns),
       residual_bytes=sum(_aval_bytes(v) for v in residual_vars),
       body_bytes=sum(_aval_bytes(v) for e in body_eqns for v in e.outvars))
