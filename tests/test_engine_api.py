@@ -323,3 +323,73 @@ def test_docs_example_runs():
   res = ns["res"]
   assert res.names == ("ev", "control") and res.ceu.shape == (2, 2)
   np.testing.assert_allclose(res.ceu_of("ev")[0], 1.0, atol=1e-5)
+
+
+# ------------------------------------------------- names, keywords, shapes
+
+def test_clean_and_corrupt_are_keyword_only_and_sites_are_site_objects():
+  _, v, clean, corrupt, ll, _ = toy(layers=1)
+  with pytest.raises(TypeError):
+    engine.audit(ll, v, clean, corrupt, SITE0)  # pylint: disable=too-many-function-args
+  with pytest.raises(TypeError):
+    engine.intervened_logliks(ll, v, clean, corrupt, SITE0, Probes())
+  with pytest.raises(engine.EngineError, match="Site.parse"):
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site="block_0/retrieval")
+  assert Site.parse("block_0/retrieval") == SITE0
+  assert Site.parse("a/b:write") == Site("a/b", "write")
+  assert Site.parse(SITE0) is SITE0
+  assert Site("x", adapter=engine.Attention()).method == "__call__"
+  assert str(SITE0) == "block_0/retrieval:read"
+
+
+def test_audit_refuses_logits_instead_of_logliks():
+  model, v, clean, corrupt, _, tll = toy(layers=1)
+  logits = lambda vv, inputs: model.apply(vv, *inputs)           # [B, A, V]
+  with pytest.raises(engine.EngineError, match="logits"):
+    engine.audit(logits, v, clean=clean, corrupt=corrupt, site=SITE0)
+  last = lambda vv, inputs: model.apply(vv, *inputs)[:, -1]       # [B, V]
+  with pytest.raises(engine.EngineError, match=r"\[B\]"):
+    engine.audit(last, v, clean=clean, corrupt=corrupt, site=SITE0,
+                 per_token=False)
+  ints = lambda vv, inputs: jnp.argmax(model.apply(vv, *inputs)[:, -1], -1)
+  with pytest.raises(engine.EngineError, match="floats"):
+    engine.audit(ints, v, clean=clean, corrupt=corrupt, site=SITE0)
+  # Per-token log-likelihoods [B, A] are fine (and can be demanded).
+  r = engine.audit(tll, v, clean=clean, corrupt=corrupt, site=SITE0,
+                   per_token=True)
+  assert r.L_plus.shape == (B, 2)
+
+
+def test_probe_names_are_exported_constants():
+  ev = jnp.zeros((2, 6), bool).at[:, 1].set(True)
+  p = engine.evidence_probes(ev, distractor_mask=~ev,
+                             control_key=jax.random.key(0))
+  assert p.names == (engine.EV, engine.DIS, engine.CONTROL)
+  assert engine.full_site().names == (engine.FULL,)
+
+
+def test_auto_chunk_size_matches_fixed_chunks_and_follows_the_rule():
+  from ceu_jax.engine import chunking
+  _, v, clean, corrupt, ll, _ = toy()
+  probes = _span_probes(4, 6)
+  auto = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE,
+                      probes=probes)
+  fixed = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE,
+                       probes=probes, chunk_size=2)
+  np.testing.assert_allclose(auto.L_int, fixed.L_int, atol=1e-5)
+  mib = chunking.MiB
+  budget = chunking.BUDGET["cpu"]
+  assert chunking.rule(budget // 3, 64, "cpu") == 2
+  assert chunking.rule(budget * 2, 64, "cpu") == 1
+  assert chunking.rule(1, 64, "cpu") == 64
+  assert chunking.rule(1, 5, "cpu") == 4
+  assert chunking.rule(mib, 1000, "gpu") == chunking.MAX_CHUNK
+  # The measured per-probe working set grows with the suffix after the site.
+  w1, w0 = (chunking.per_probe_bytes(
+      engine.runner.probe_fn(ll, s, allow_approximate=False),
+      (v, clean, corrupt), probes) for s in (SITE, SITE0))
+  assert 0 < w1 < w0
+  for bad in (0, -1, 2.5, True, "big"):
+    with pytest.raises(engine.EngineError, match="chunk_size"):
+      engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE,
+                   probes=probes, chunk_size=bad)

@@ -72,6 +72,17 @@ class Call:
     """The method on this call's own arguments."""
     return self.next_fun(*self.args, **self.kwargs)
 
+  def enclosing(self, path: str, method: str = "__call__") -> tuple[tuple, dict]:
+    """(args, kwargs) of the innermost enclosing call of ``path:method``
+    (e.g. the scanned body that carries a layer index)."""
+    path = path.strip("/")
+    for p, m, args, kwargs in reversed(self.outer):
+      if p == path and m == method:
+        return args, kwargs
+    raise EngineError(
+        f"site {self.site}: no enclosing call of {path}:{method}; enclosing "
+        f"calls: {[f'{p}:{m}' for p, m, _, _ in self.outer]}")
+
   def rerun(self, *args, **kwargs) -> Any:
     """The method once more in the same call (e.g. on masked inputs, to
     compute Π_S); compact scopes are rewound so parameters resolve to the

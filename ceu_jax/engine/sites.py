@@ -172,15 +172,17 @@ class SiteHook:
       self.active.pop()
 
   def _act(self, site, action, next_fun, args, kwargs, module, outer):
+    # Inside nn.scan without a layer selector: an error even for pass-through
+    # actions (the layers cannot be told apart whatever is done there).
+    why = lifted_error(site, lifted_transforms(module),
+                       self.paired or self.lifted_ok)
+    if why and not (self.lifted_ok and site.adapter.repeats_ok()):
+      raise LiftedSiteError(why)
     self.calls[site] += 1
     if self.calls[site] > 1 and not site.adapter.repeats_ok():
       raise EngineError(
           f"site {site} was called more than once in one run; the engine "
           "needs one call per run (give repeated calls distinct modules)")
-    if not self.lifted_ok:
-      why = lifted_error(site, lifted_transforms(module), self.paired)
-      if why:
-        raise LiftedSiteError(why)
     return action(Call(site, module, next_fun, args, kwargs, outer))
 
   def check_all_found(self) -> None:
