@@ -313,16 +313,22 @@ def test_scores_flag_degenerate_gaps_instead_of_hiding_them():
   assert np.isfinite(np.asarray(g)).all()
 
 
-def test_docs_example_runs():
+def test_docs_examples_run():
   import pathlib
   import re
   text = (pathlib.Path(__file__).parents[1] / "docs" / "engine.md").read_text()
-  code = re.search(r"## Example\n\n```python\n(.*?)```", text, re.S).group(1)
-  ns: dict = {}
-  exec(compile(code, "docs/engine.md", "exec"), ns)  # pylint: disable=exec-used
-  res = ns["res"]
-  assert res.names == ("ev", "control") and res.ceu.shape == (2, 2)
-  np.testing.assert_allclose(res.ceu_of("ev")[0], 1.0, atol=1e-5)
+  blocks = re.findall(r"## Example: [^\n]*\n\n```python\n(.*?)```", text, re.S)
+  assert len(blocks) == 2
+  results = []
+  for code in blocks:
+    ns: dict = {}
+    exec(compile(code, "docs/engine.md", "exec"), ns)  # pylint: disable=exec-used
+    results.append(ns["res"])
+  mhdpa, native = results
+  assert mhdpa.names == (engine.EV, engine.CONTROL) and mhdpa.ceu.shape == (2, 4)
+  assert native.names == (engine.EV, engine.CONTROL) and native.ceu.shape == (2, 2)
+  # The native toy corrupts only the evidence token: restoring it restores all.
+  np.testing.assert_allclose(native.ceu_of(engine.EV)[0], 1.0, atol=1e-5)
 
 
 # ------------------------------------------------- names, keywords, shapes

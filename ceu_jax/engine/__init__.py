@@ -1,11 +1,17 @@
-"""The CEU engine: interchange interventions at a named read port.
+"""The CEU engine: interchange interventions at a named site.
 
-Knows only Flax/JAX. A site is a module path plus method (`Site`); the user
-supplies ``loglik_fn(variables, inputs) -> gold log-likelihood [B]`` (or per
-token [B, A]) that calls ``model.apply``. The engine records h_f on D+ and
-patches it (fully, by token span through the port's own decomposition Π_S, by
-port, by reader position) into the run on D−, for a whole probe set in one
-compiled call. See docs/engine.md for the contract and a worked example.
+Knows only Flax/JAX. A site is a module path, a method and an adapter
+(`Site`); adapters supplied from outside the model (`Native`, `Output`,
+`Input`, `Attention` for stock ``nn.MultiHeadDotProductAttention``,
+`Scanned`) say what h_f is there and how to compute its span part Π_S. The
+user supplies ``loglik_fn(variables, inputs) -> log-likelihood [B]`` (or per
+token [B, A]) that calls ``model.apply``. The engine records h_f on the source
+run D+ (``clean=``) and patches it (fully, by source-token span through Π_S, by
+port, by reader position) into the base run D− (``corrupt=``), for a whole
+probe set in one compiled call; `check_port` verifies a declared
+decomposition on the user's own model. See docs/engine.md for the contract
+and worked examples (an unmodified MultiHeadDotProductAttention transformer
+among them).
 
 Example (a toy model with one exact cross-attention read port; the same
 example, explained, is in docs/engine.md)::

@@ -140,14 +140,16 @@ def _measure(loglik_fn, site, variables, clean, corrupt, span):
       out["self_span"] = err(il(clean, clean, Probes(span=span[None]))[0], L_plus)
       out["span_empty"] = err(li[0], L_minus)
       out["span_all"] = err(li[1], full)
-      for tag, inputs in (("D+", clean), ("D-", corrupt)):
-        part = lambda s: record(loglik_fn, variables, inputs, site, span_mask=s,
-                                allow_approximate=True)[1][site]
+      masks = jnp.stack([empty, span, ~span, every, s1, s2])
+      for inputs in (clean, corrupt):           # both runs, parts vmapped
         h_run = record(loglik_fn, variables, inputs, site)[1][site]
-        p_s, p_1, p_2 = part(span), part(s1), part(s2)
-        for k, e in (("parts_empty", err(part(empty), jnp.zeros_like(h_run))),
-                     ("parts_complement", err(p_s + part(~span), h_run)),
-                     ("parts_all", err(part(every), h_run)),
+        p_0, p_s, p_c, p_a, p_1, p_2 = jax.vmap(
+            lambda s, inputs=inputs: record(
+                loglik_fn, variables, inputs, site, span_mask=s,
+                allow_approximate=True)[1][site])(masks)
+        for k, e in (("parts_empty", err(p_0, jnp.zeros_like(h_run))),
+                     ("parts_complement", err(p_s + p_c, h_run)),
+                     ("parts_all", err(p_a, h_run)),
                      ("parts_union", err(p_1 + p_2, p_s))):
           prev = out.get(k)
           out[k] = e if prev is None else (jnp.maximum(prev[0], e[0]),
