@@ -399,3 +399,10 @@ def test_auto_chunk_size_matches_fixed_chunks_and_follows_the_rule():
     with pytest.raises(engine.EngineError, match="chunk_size"):
       engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE,
                    probes=probes, chunk_size=bad)
+
+
+def test_engine_uses_no_private_jax_modules():
+  import pathlib
+  root = pathlib.Path(engine.__file__).parent
+  for f in root.glob("*.py"):
+    assert "jax._src" not in f.read_text(), f

@@ -29,7 +29,7 @@ MiB = 1 << 20
 # Per-chunk working-set budget by backend, bytes (CPU: measured with
 # benchmarks/engine_chunk_bench.py; GPU/TPU: not measured here, set so that a
 # chunk stays a small share of device memory).
-BUDGET = {"cpu": 16 * MiB, "gpu": 2048 * MiB, "tpu": 2048 * MiB}
+BUDGET = {"cpu": 128 * MiB, "gpu": 2048 * MiB, "tpu": 2048 * MiB}
 MAX_CHUNK = 256
 
 
