@@ -98,7 +98,14 @@ def check_port(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
   site = check_site(site)
   if not tol > 0:
     raise EngineError(f"check_port: tol must be > 0, got {tol}")
-  kind = _observed_loglik(loglik_fn, site, variables, clean)[1]
+  kinds = []                                   # traced only, not run
+
+  def observe(v, c):
+    out, kind = _observed_loglik(loglik_fn, site, v, c)
+    kinds.append(kind)
+    return out
+  jax.eval_shape(observe, variables, clean)
+  kind = kinds[0]
   if kind is not None and span is None:
     raise EngineError(
         f"check_port: site {site} declares span_decomposition={kind!r}; pass "
@@ -113,7 +120,7 @@ def check_port(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
   if raise_on_failure and not report.ok:
     raise PortCheckError(
         f"the decomposition declared at {site} does not hold on these inputs "
-        f"(failed: {', '.join(report.failures)}):\n{report}")
+        f"(failed: {', '.join(report.failures)}):\n{report}", report)
   return report
 
 

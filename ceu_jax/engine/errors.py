@@ -24,4 +24,9 @@ class LiftedSiteError(EngineError):
 
 
 class PortCheckError(EngineError):
-  """`check_port` found a declared decomposition that does not hold."""
+  """`check_port` found a declared decomposition that does not hold; the
+  `PortCheck` report is the ``report`` attribute."""
+
+  def __init__(self, message: str, report=None):
+    super().__init__(message)
+    self.report = report
