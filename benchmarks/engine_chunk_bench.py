@@ -97,6 +97,7 @@ def arch_setup(family: str, batch: int = 32, context_len: int = 256):
 
 
 SETUPS: dict[str, Callable[[], tuple]] = {
+    "lm_tiny": lambda: lm_setup(16, 2, 16),      # smoke test only
     "lm_w64": lambda: lm_setup(64, 16, 64),
     "lm_w128": lambda: lm_setup(128, 32, 128),
     "attention": lambda: arch_setup("attention"),
