@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import functools
 import math
 import os
 import statistics
@@ -62,10 +61,8 @@ from ceu_jax import engine
 from ceu_jax.audit import make_loglik_fn
 from ceu_jax.data import atr, corruptions
 from ceu_jax.data.atr_config import ATRConfig
-from ceu_jax.engine.sites import as_site, run_hooked
-
-from jax._src.interpreters import partial_eval as _pe  # as in ceu_jax.engine.runner
-from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
+from ceu_jax.engine import hoist
+from ceu_jax.engine.sites import run_hooked
 
 KS = (1, 4, 16, 64)
 METHOD = __doc__.split("(measured, not assumed):")[1].split("Every timing")[0].rstrip()
@@ -114,7 +111,7 @@ def random_spans(key: jax.Array, k: int, batch: int, n: int, length: int) -> jax
 def engine_audit(st: Setup, chunk_size: int) -> Callable:
   """probes -> AuditResult (the engine's own jit; compiled once per K)."""
   def run(probes):
-    return engine.audit(st.loglik_fn, st.variables, st.clean, st.corrupt, st.site, probes,
+    return engine.audit(st.loglik_fn, st.variables, clean=st.clean, corrupt=st.corrupt, site=st.site, probes=probes,
                         chunk_size=chunk_size, allow_approximate=st.approximate)
   return run
 
@@ -153,14 +150,14 @@ def forward(st: Setup) -> Callable:
 def prefix(st: Setup) -> Callable:
   """The forward cut at the read port (returns h; XLA drops the rest): for the
   cross-check suffix ≈ F − T_prefix."""
-  site = as_site(st.site)
+  site = st.site
 
   @jax.jit
   def cut(variables, inputs):
     got = {}
 
-    def action(next_fun, args, kwargs, module):
-      got["h"] = h = next_fun(*args, **kwargs)
+    def action(call):
+      got["h"] = h = call.run()
       return h
     run_hooked(st.loglik_fn, variables, inputs, {site: action})
     return got["h"]
@@ -177,23 +174,10 @@ def split_probe_work(st: Setup, spans: jax.Array) -> tuple[Callable, list]:
   ``body(residuals, spans)`` is what is left (Π_S h on D+ and D−, the patched
   site, the suffix after it).
   """
-  one = functools.partial(engine.one_probe, st.loglik_fn, st.site,
-                          allow_approximate=st.approximate)
-
-  def flat(consts, span):
-    probes = engine.Probes(span=span)
-    return jax.vmap(one, in_axes=(None, None, None, 0))(*consts, probes)
-
-  consts = (st.variables, st.clean, st.corrupt)
-  c_leaves, c_tree = jax.tree.flatten(consts)
-  closed = jax.make_jaxpr(lambda *a: flat(jax.tree.unflatten(c_tree, a[:-1]), a[-1]))(
-      *c_leaves, spans)
-  known, unknown, _, res_avals = _pe.partial_eval_jaxpr_nounits(
-      closed, [False] * len(c_leaves) + [True], instantiate=True)
-  known_out = jax.jit(_jaxpr_as_fun(known))(*c_leaves)
-  residuals = list(known_out[len(known_out) - len(res_avals):])
-  body = jax.jit(lambda res, span: _jaxpr_as_fun(unknown)(*res, span))
-  return body, residuals
+  fn = engine.runner.probe_fn(st.loglik_fn, st.site, allow_approximate=st.approximate)
+  split = hoist.split(fn, (st.variables, st.clean, st.corrupt), engine.Probes(span=spans))
+  body = jax.jit(lambda res, span: split.apply(res, engine.Probes(span=span)))
+  return body, split.residuals
 
 
 def probe_work(st: Setup, spans: jax.Array) -> Callable:

@@ -80,8 +80,8 @@ def audit_batch(model, variables, loglik_fn, site, clean: RetrievalBatch,
                 eps: float = 1e-3, allow_approximate: bool = False) -> dict[str, np.ndarray]:
   """Per-example rows (column -> [B] array) of one batch under one corruption."""
   probes = batch_probes(clean, corrupt, key)
-  res = engine.audit(loglik_fn, variables, clean.model_inputs(), corrupt.model_inputs(),
-                     site, probes, chunk_size=chunk_size, eps=eps,
+  res = engine.audit(loglik_fn, variables, clean=clean.model_inputs(), corrupt=corrupt.model_inputs(),
+                     site=engine.Site.parse(site), probes=probes, chunk_size=chunk_size, eps=eps,
                      allow_approximate=allow_approximate)
   correct = jax.jit(_correct, static_argnums=0)(model, variables, clean)
   rows = dict(example_id=clean.example_id, correct=correct, has_evidence=clean.has_evidence,

@@ -42,17 +42,17 @@ def test_new_probe_values_do_not_retrace_and_nothing_leaks():
     return gold_loglik(model.apply(variables, *inputs), inputs[2])
 
   with jax.checking_leaks():
-    r1 = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
-                      _span_probes(0, 5), chunk_size=2)
+    r1 = engine.audit(loglik_fn, v, clean=clean, corrupt=corrupt, site=Site("block_0/retrieval"),
+                      probes=_span_probes(0, 5), chunk_size=2)
   n = traces[0]
   assert n > 0
-  r2 = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
-                    _span_probes(1, 5), chunk_size=2)
+  r2 = engine.audit(loglik_fn, v, clean=clean, corrupt=corrupt, site=Site("block_0/retrieval"),
+                    probes=_span_probes(1, 5), chunk_size=2)
   assert traces[0] == n                    # same shapes: no retrace
   assert not np.allclose(r1.L_int, r2.L_int)
   # Other inputs of the same shapes do not retrace either.
-  engine.audit(loglik_fn, v, corrupt, clean, "block_0/retrieval",
-               _span_probes(2, 5), chunk_size=2)
+  engine.audit(loglik_fn, v, clean=corrupt, corrupt=clean, site=Site("block_0/retrieval"),
+               probes=_span_probes(2, 5), chunk_size=2)
   assert traces[0] == n
 
 
@@ -68,8 +68,8 @@ def test_prefix_runs_once_whatever_the_number_of_chunks():
 
   def executions(k, **kw):
     calls[0] = 0
-    r = engine.audit(loglik_fn, v, clean, corrupt, "block_0/retrieval",
-                     _span_probes(0, k), chunk_size=2, **kw)
+    r = engine.audit(loglik_fn, v, clean=clean, corrupt=corrupt, site=Site("block_0/retrieval"),
+                     probes=_span_probes(0, k), chunk_size=2, **kw)
     jax.block_until_ready(r.L_int)
     jax.effects_barrier()
     return calls[0], r
@@ -87,32 +87,32 @@ def test_prefix_runs_once_whatever_the_number_of_chunks():
 def test_unknown_site_lists_the_sites_seen():
   _, v, clean, corrupt, ll, _ = toy()
   with pytest.raises(engine.SiteNotFoundError) as e:
-    engine.audit(ll, v, clean, corrupt, "block_9/retrieval")
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site=Site("block_9/retrieval"))
   assert "block_1/retrieval:read" in str(e.value)
   assert "block_0/retrieval:read" in str(e.value)
   with pytest.raises(engine.SiteNotFoundError):
-    engine.audit(ll, v, clean, corrupt, Site("block_1/retrieval", "write"))
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site=Site("block_1/retrieval", "write"))
 
 
 def test_span_patch_needs_a_declared_decomposition():
   _, v, clean, corrupt, ll, _ = toy("plain", layers=1)
   with pytest.raises(engine.SpanUnsupportedError, match="span_decomposition"):
-    engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0))
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=_span_probes(0))
   # Port patches are fine there.
-  r = engine.audit(ll, v, clean, corrupt, SITE0, engine.port_probes(PORTS))
+  r = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=engine.port_probes(PORTS))
   assert r.ceu.shape == (PORTS, B)
 
 
 def test_approximate_span_needs_explicit_permission():
   _, v, clean, corrupt, ll, _ = toy("memory", layers=1)
   with pytest.raises(engine.SpanUnsupportedError, match="allow_approximate"):
-    engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0))
-  r = engine.audit(ll, v, clean, corrupt, SITE0, _span_probes(0, 2),
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=_span_probes(0))
+  r = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=_span_probes(0, 2),
                    allow_approximate=True)
   assert r.approximate
   # Port-restricted patches at a memory port are exact: all ports == full.
   both, full = jax.jit(lambda v: [engine.intervened_logliks(
-      ll, v, clean, corrupt, SITE0, p) for p in (
+      ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=p) for p in (
           Probes(ports=jnp.ones((1, PORTS), bool)), Probes())])(v)
   np.testing.assert_allclose(both, full, atol=1e-5)
 
@@ -130,7 +130,7 @@ def test_approximate_span_needs_explicit_permission():
 def test_mask_shape_errors_name_the_field(probes, field):
   _, v, clean, corrupt, ll, _ = toy(layers=1)
   with pytest.raises(engine.MaskShapeError, match=field):
-    engine.intervened_logliks(ll, v, clean, corrupt, SITE0, probes)
+    engine.intervened_logliks(ll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=probes)
 
 
 def test_a_site_called_twice_is_an_error():
@@ -151,7 +151,8 @@ def test_a_site_called_twice_is_an_error():
   x = jnp.ones((2, 3))
   v = m.init(jax.random.key(0), x)
   with pytest.raises(engine.EngineError, match="more than once"):
-    engine.audit(lambda vv, xx: m.apply(vv, xx), v, x, x, "port")
+    engine.audit(lambda vv, xx: m.apply(vv, xx), v, clean=x, corrupt=x,
+                 site=Site("port"))
 
 
 def test_compact_port_with_inline_submodules_can_be_span_patched():
@@ -177,8 +178,8 @@ def test_compact_port_with_inline_submodules_can_be_span_patched():
   ll = lambda vv, c: m.apply(vv, c)
   probes = Probes(span=jnp.stack([jnp.ones((2, 4), bool),
                                   jnp.zeros((2, 4), bool)]))
-  r = engine.audit(ll, v, c1, c2, "p", probes)
-  full = engine.audit(ll, v, c1, c2, "p")
+  r = engine.audit(ll, v, clean=c1, corrupt=c2, site=Site("p"), probes=probes)
+  full = engine.audit(ll, v, clean=c1, corrupt=c2, site=Site("p"))
   np.testing.assert_allclose(r.L_int[0], full.L_int[0], atol=1e-5)
   np.testing.assert_allclose(r.L_int[1], r.L_minus, atol=1e-5)
 
@@ -198,7 +199,7 @@ def test_record_and_patch_compose_under_jit():
   l_plus, hs, l_int, ref = go(v)
   assert hs[sites[0]].shape == (B, T, PORTS, 4)
   np.testing.assert_allclose(l_plus, ref, atol=1e-6)
-  full = engine.audit(ll, v, clean, corrupt, SITE)
+  full = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE)
   np.testing.assert_allclose(l_int, full.L_int[0], atol=1e-5)
 
 
@@ -273,12 +274,12 @@ def test_nominate_by_attention_mass():
 
 def test_profile_over_layers_and_ports():
   _, v, clean, corrupt, ll, _ = toy()
-  sites = ["block_0/retrieval", "block_1/retrieval"]
-  prof = engine.profile(ll, v, clean, corrupt, sites,
-                        engine.port_probes(PORTS))
+  sites = [Site("block_0/retrieval"), SITE]
+  prof = engine.profile(ll, v, clean=clean, corrupt=corrupt, sites=sites,
+                        probes=engine.port_probes(PORTS))
   assert prof.stacked("ceu").shape == (2, PORTS, B)
   assert prof.stacked("ceu", "port_1").shape == (2, B)
-  np.testing.assert_allclose(prof["block_0/retrieval"].L_plus,
+  np.testing.assert_allclose(prof[Site("block_0/retrieval")].L_plus,
                              prof[SITE].L_plus)
 
 
@@ -287,7 +288,7 @@ def test_tokenwise_ceu_with_per_token_logliks():
   q, a = clean[0].shape[1], clean[2].shape[1]
   # Answer token i is predicted at reader position q - 1 + i.
   probes = engine.position_probes(T, [q - 1 + i for i in range(a)])
-  r = engine.audit(tll, v, clean, corrupt, SITE0, probes)
+  r = engine.audit(tll, v, clean=clean, corrupt=corrupt, site=SITE0, probes=probes)
   assert r.L_int.shape == (a, B, a) and r.L_plus.shape == (B, a)
   ceu_t, deg_t = engine.tokenwise(r.L_int, r.L_plus, r.L_minus, range(a))
   assert ceu_t.shape == (a, B) and deg_t.shape == (a, B)
@@ -312,13 +313,98 @@ def test_scores_flag_degenerate_gaps_instead_of_hiding_them():
   assert np.isfinite(np.asarray(g)).all()
 
 
-def test_docs_example_runs():
+def test_docs_examples_run():
   import pathlib
   import re
   text = (pathlib.Path(__file__).parents[1] / "docs" / "engine.md").read_text()
-  code = re.search(r"## Example\n\n```python\n(.*?)```", text, re.S).group(1)
-  ns: dict = {}
-  exec(compile(code, "docs/engine.md", "exec"), ns)  # pylint: disable=exec-used
-  res = ns["res"]
-  assert res.names == ("ev", "control") and res.ceu.shape == (2, 2)
-  np.testing.assert_allclose(res.ceu_of("ev")[0], 1.0, atol=1e-5)
+  blocks = re.findall(r"## Example: [^\n]*\n\n```python\n(.*?)```", text, re.S)
+  assert len(blocks) == 2
+  results = []
+  for code in blocks:
+    ns: dict = {}
+    exec(compile(code, "docs/engine.md", "exec"), ns)  # pylint: disable=exec-used
+    results.append(ns["res"])
+  mhdpa, native = results
+  assert mhdpa.names == (engine.EV, engine.CONTROL) and mhdpa.ceu.shape == (2, 4)
+  assert native.names == (engine.EV, engine.CONTROL) and native.ceu.shape == (2, 2)
+  # The native toy corrupts only the evidence token: restoring it restores all.
+  np.testing.assert_allclose(native.ceu_of(engine.EV)[0], 1.0, atol=1e-5)
+
+
+# ------------------------------------------------- names, keywords, shapes
+
+def test_clean_and_corrupt_are_keyword_only_and_sites_are_site_objects():
+  _, v, clean, corrupt, ll, _ = toy(layers=1)
+  with pytest.raises(TypeError):
+    engine.audit(ll, v, clean, corrupt, SITE0)  # pylint: disable=too-many-function-args
+  with pytest.raises(TypeError):
+    engine.intervened_logliks(ll, v, clean, corrupt, SITE0, Probes())
+  with pytest.raises(engine.EngineError, match="Site.parse"):
+    engine.audit(ll, v, clean=clean, corrupt=corrupt, site="block_0/retrieval")
+  assert Site.parse("block_0/retrieval") == SITE0
+  assert Site.parse("a/b:write") == Site("a/b", "write")
+  assert Site.parse(SITE0) is SITE0
+  assert Site("x", adapter=engine.Attention()).method == "__call__"
+  assert str(SITE0) == "block_0/retrieval:read"
+
+
+def test_audit_refuses_logits_instead_of_logliks():
+  model, v, clean, corrupt, _, tll = toy(layers=1)
+  logits = lambda vv, inputs: model.apply(vv, *inputs)           # [B, A, V]
+  with pytest.raises(engine.EngineError, match="logits"):
+    engine.audit(logits, v, clean=clean, corrupt=corrupt, site=SITE0)
+  last = lambda vv, inputs: model.apply(vv, *inputs)[:, -1]       # [B, V]
+  with pytest.raises(engine.EngineError, match=r"\[B\]"):
+    engine.audit(last, v, clean=clean, corrupt=corrupt, site=SITE0,
+                 per_token=False)
+  ints = lambda vv, inputs: jnp.argmax(model.apply(vv, *inputs)[:, -1], -1)
+  with pytest.raises(engine.EngineError, match="floats"):
+    engine.audit(ints, v, clean=clean, corrupt=corrupt, site=SITE0)
+  # Per-token log-likelihoods [B, A] are fine (and can be demanded).
+  r = engine.audit(tll, v, clean=clean, corrupt=corrupt, site=SITE0,
+                   per_token=True)
+  assert r.L_plus.shape == (B, 2)
+
+
+def test_probe_names_are_exported_constants():
+  ev = jnp.zeros((2, 6), bool).at[:, 1].set(True)
+  p = engine.evidence_probes(ev, distractor_mask=~ev,
+                             control_key=jax.random.key(0))
+  assert p.names == (engine.EV, engine.DIS, engine.CONTROL)
+  assert engine.full_site().names == (engine.FULL,)
+
+
+def test_auto_chunk_size_matches_fixed_chunks_and_follows_the_rule():
+  from ceu_jax.engine import chunking
+  _, v, clean, corrupt, ll, _ = toy()
+  probes = _span_probes(4, 6)
+  auto = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE,
+                      probes=probes)
+  fixed = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE,
+                       probes=probes, chunk_size=2)
+  np.testing.assert_allclose(auto.L_int, fixed.L_int, atol=1e-5)
+  mib = chunking.MiB
+  budget = chunking.BUDGET["cpu"]
+  assert chunking.rule(budget // 3, 64, "cpu") == 2
+  assert chunking.rule(budget * 2, 64, "cpu") == 1
+  assert chunking.rule(1, 64, "cpu") == 64
+  assert chunking.rule(1, 5, "cpu") == 4
+  assert chunking.rule(mib, 1000, "gpu") == chunking.MAX_CHUNK
+  # The measured per-probe working set grows with the suffix after the site.
+  w1, w0 = (chunking.per_probe_bytes(
+      engine.runner.probe_fn(ll, s, allow_approximate=False),
+      (v, clean, corrupt), probes) for s in (SITE, SITE0))
+  assert 0 < w1 < w0
+  for bad in (0, -1, 2.5, True, "big"):
+    with pytest.raises(engine.EngineError, match="chunk_size"):
+      engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE,
+                   probes=probes, chunk_size=bad)
+
+
+def test_engine_uses_no_private_jax_modules():
+  import pathlib
+  import re
+  root = pathlib.Path(engine.__file__).parent
+  private = re.compile(r"^\s*(from|import)\s+jax\._src", re.M)
+  for f in root.glob("*.py"):
+    assert not private.search(f.read_text()), f

@@ -12,6 +12,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from ceu_jax import engine
+from ceu_jax.engine import Site
 
 try:
   from tests.test_engine_toys import make
@@ -34,8 +35,8 @@ def _grad_check() -> None:
                          ports=jnp.array([[1, 0], [1, 1], [0, 1]], bool))
 
   def loss(variables):   # chunk_size=2: the lax.map + hoisting path
-    r = engine.audit(ll, variables, clean, corrupt, "block_0/retrieval",
-                     probes, chunk_size=2, eps=1e-3)
+    r = engine.audit(ll, variables, clean=clean, corrupt=corrupt, site=Site("block_0/retrieval"),
+                     probes=probes, chunk_size=2, eps=1e-3)
     return r.ceu_unclipped.mean(), r.delta_L
 
   flat, unravel = ravel_pytree(v)

@@ -36,14 +36,16 @@ def _identity_logliks(port):
 
   @jax.jit
   def run(v):
-    il = functools.partial(engine.intervened_logliks, ll, v)
+    def il(src, dst, probes):
+      return engine.intervened_logliks(ll, v, clean=src, corrupt=dst,
+                                       site=SITE, probes=probes)
     return dict(
         L_plus=ll(v, clean), L_minus=ll(v, corrupt),
-        self_full=il(clean, clean, SITE, Probes())[0],
-        self_span=il(clean, clean, SITE, spans),
-        full=il(clean, corrupt, SITE, Probes())[0],
-        span=il(clean, corrupt, SITE, spans),
-        masks_all=il(clean, corrupt, SITE, ports_all)[0])
+        self_full=il(clean, clean, Probes())[0],
+        self_span=il(clean, clean, spans),
+        full=il(clean, corrupt, Probes())[0],
+        span=il(clean, corrupt, spans),
+        masks_all=il(clean, corrupt, ports_all)[0])
   return run(v)
 
 
@@ -116,7 +118,7 @@ def test_closed_form_two_channel():
                     bool)
   probes = engine.span_probes(jnp.broadcast_to(spans[:, None], (4, 2, 4)),
                               names=("s1", "s3", "unchanged", "both"))
-  res = engine.audit(ll, v, clean, corrupt, "retrieval", probes)
+  res = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=Site("retrieval"), probes=probes)
   np.testing.assert_allclose(res.delta_L, [2.0, 2.0], atol=TOL)
   want = np.array([0.2, 0.8, 0.0, 1.0])[:, None]
   np.testing.assert_allclose(res.ceu, np.broadcast_to(want, (4, 2)), atol=TOL)
@@ -134,7 +136,7 @@ def test_multi_evidence_on_linear_model_has_no_interaction():
   items = items.at[2, 0, 0].set(True)          # example 1 has only 2 items
   probes, layout = engine.multi_evidence_probes(items, pair_budget=2)
   assert layout.pairs == ((0, 1), (0, 2))
-  res = engine.audit(ll, v, clean, corrupt, "retrieval", probes)
+  res = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=Site("retrieval"), probes=probes)
   agg = engine.aggregate(res, layout, items)
   np.testing.assert_allclose(agg.per_item[:2], [[0.2, 0.2], [0.8, 0.8]],
                              atol=TOL)
@@ -163,7 +165,7 @@ def test_engine_matches_python_loop_reference(port):
   t = clean[0].shape[1] + clean[2].shape[1]
   probes = _random_probes(7, 5, b, n, t, 2)
   # chunk_size=2: three chunks (one padded), lax.map over vmapped chunks.
-  got = engine.audit(ll, v, clean, corrupt, SITE, probes, chunk_size=2)
+  got = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE, probes=probes, chunk_size=2)
   for k in range(5):
     want = reference_logliks(model, v, clean, corrupt, 1,
                              span=probes.span[k], ports=probes.ports[k],
@@ -180,7 +182,7 @@ def test_many_probes_any_chunking_matches_reference(port):
   t = clean[0].shape[1] + clean[2].shape[1]
   probes = _random_probes(11, 40, b, n, t, 2)
   site = Site("block_1/retrieval")
-  results = [engine.audit(ll, v, clean, corrupt, site, probes, chunk_size=c,
+  results = [engine.audit(ll, v, clean=clean, corrupt=corrupt, site=site, probes=probes, chunk_size=c,
                           hoist=h).L_int
              for c, h in ((1, True), (7, True), (7, False), (64, True))]
   for r in results[1:]:

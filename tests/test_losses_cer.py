@@ -50,8 +50,8 @@ def _reference(cfg, b: int = B):
   v = {"params": params}
   loglik = losses.loglik_fn_for(model)
   probes, dis_found = losses.probe_set(clean, corrupt, 3, jax.random.PRNGKey(7))
-  res = engine.audit(loglik, v, losses.ModelInputs.of(clean), losses.ModelInputs.of(corrupt),
-                     site, probes, eps=cfg.eps)
+  res = engine.audit(loglik, v, clean=losses.ModelInputs.of(clean), corrupt=losses.ModelInputs.of(corrupt),
+                     site=engine.Site.parse(site), probes=probes, eps=cfg.eps)
   lp, lm = np.asarray(res.L_plus), np.asarray(res.L_minus)
   cu = np.asarray(res.ceu_unclipped)
   gap = lp - lm
@@ -125,8 +125,8 @@ def test_numerator_grad_path_matches_manual_stop_gradient():
     lp = loglik(v, losses.ModelInputs.of(clean))
     lm = loglik(v, losses.ModelInputs.of(corrupt))
     _, rec = engine.record(loglik, jax.lax.stop_gradient(v), losses.ModelInputs.of(clean),
-                           site, span_mask=probes.span[0])
-    li = engine.patch(loglik, v, losses.ModelInputs.of(corrupt), site, rec[engine.as_site(site)],
+                           engine.Site.parse(site), span_mask=probes.span[0])
+    li = engine.patch(loglik, v, losses.ModelInputs.of(corrupt), engine.Site.parse(site), rec[engine.Site.parse(site)],
                       span_mask=probes.span[0])
     gap = jax.lax.stop_gradient(lp - lm)
     valid = clean.has_evidence & (gap >= cfg.eps)

@@ -198,8 +198,8 @@ def test_engine_patch_agrees(lm, n_layers):
 
   @jax.jit
   def engine(v, clean, corrupt, span):
-    _, rec = sites.record(loglik_fn, v, clean, f'layers_{site}/attn', span_mask=span)
-    return sites.patch(loglik_fn, v, corrupt, f'layers_{site}/attn',
+    _, rec = sites.record(loglik_fn, v, clean, sites.Site(f'layers_{site}/attn'), span_mask=span)
+    return sites.patch(loglik_fn, v, corrupt, sites.Site(f'layers_{site}/attn'),
                        list(rec.values())[0], span_mask=span)
 
   span = jnp.asarray(changed[:, :-1])

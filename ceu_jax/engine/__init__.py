@@ -1,11 +1,17 @@
-"""The CEU engine: interchange interventions at a named read port.
+"""The CEU engine: interchange interventions at a named site.
 
-Knows only Flax/JAX. A site is a module path plus method (`Site`); the user
-supplies ``loglik_fn(variables, inputs) -> gold log-likelihood [B]`` (or per
-token [B, A]) that calls ``model.apply``. The engine records h_f on D+ and
-patches it (fully, by token span through the port's own decomposition Π_S, by
-port, by reader position) into the run on D−, for a whole probe set in one
-compiled call. See docs/engine.md for the contract and a worked example.
+Knows only Flax/JAX. A site is a module path, a method and an adapter
+(`Site`); adapters supplied from outside the model (`Native`, `Output`,
+`Input`, `Attention` for stock ``nn.MultiHeadDotProductAttention``,
+`Scanned`) say what h_f is there and how to compute its span part Π_S. The
+user supplies ``loglik_fn(variables, inputs) -> log-likelihood [B]`` (or per
+token [B, A]) that calls ``model.apply``. The engine records h_f on the source
+run D+ (``clean=``) and patches it (fully, by source-token span through Π_S, by
+port, by reader position) into the base run D− (``corrupt=``), for a whole
+probe set in one compiled call; `check_port` verifies a declared
+decomposition on the user's own model. See docs/engine.md for the contract
+and worked examples (an unmodified MultiHeadDotProductAttention transformer
+among them).
 
 Example (a toy model with one exact cross-attention read port; the same
 example, explained, is in docs/engine.md)::
@@ -41,35 +47,44 @@ example, explained, is in docs/engine.md)::
 
   evidence = jnp.zeros((2, 6), bool).at[:, 2].set(True)
   probes = engine.evidence_probes(evidence, control_key=jax.random.key(3))
-  res = engine.audit(loglik_fn, variables, (x, ctx_pos), (x, ctx_neg),
-                     engine.Site('retrieval'), probes)
-  res.ceu_of('ev'), res.ceu_of('control'), res.degenerate
+  res = engine.audit(loglik_fn, variables, clean=(x, ctx_pos),
+                     corrupt=(x, ctx_neg), site=engine.Site('retrieval'),
+                     probes=probes)
+  res.ceu_of(engine.EV), res.ceu_of(engine.CONTROL), res.degenerate
 """
+from ceu_jax.engine.adapters import (Adapter, Attention, Call, Input, Native,
+                                     Output, Scanned, Tap)
+from ceu_jax.engine.check import PortCheck, check_port
+from ceu_jax.engine.errors import (EngineError, LiftedSiteError,
+                                   MaskShapeError, PortCheckError,
+                                   SiteNotFoundError, SpanUnsupportedError)
 from ceu_jax.engine.multi import (MultiEvidenceLayout, MultiEvidenceScores,
                                   aggregate, choose_pairs,
                                   multi_evidence_probes)
 from ceu_jax.engine.nominate import (attention_mass, by_attention, by_passage,
                                      by_query_overlap, passage_containing)
-from ceu_jax.engine.probes import (Probes, control_span, evidence_probes,
-                                   full_site, port_probes, position_probes,
-                                   span_probes, stack)
+from ceu_jax.engine.probes import (CONTROL, DIS, EV, FULL, Probes,
+                                   control_span, evidence_probes, full_site,
+                                   port_probes, position_probes, span_probes,
+                                   stack)
 from ceu_jax.engine.runner import (AuditResult, Profile, audit, from_logliks,
                                    intervened_logliks, map_probes, one_probe,
                                    profile)
 from ceu_jax.engine.scores import (attrib, ceu, ceu_unclipped, degenerate,
                                    delta_int, delta_L, hinge_below, tokenwise)
-from ceu_jax.engine.sites import (EngineError, MaskShapeError, Site,
-                                  SiteNotFoundError, SpanUnsupportedError,
-                                  as_site, patch, record)
+from ceu_jax.engine.sites import Site, patch, record
 
 __all__ = [
-    "AuditResult", "EngineError", "MaskShapeError", "MultiEvidenceLayout",
-    "MultiEvidenceScores", "Probes", "Profile", "Site", "SiteNotFoundError",
-    "SpanUnsupportedError", "aggregate", "as_site", "attention_mass", "attrib",
-    "audit", "by_attention", "by_passage", "by_query_overlap", "ceu",
-    "ceu_unclipped", "choose_pairs", "control_span", "degenerate", "delta_L",
-    "delta_int", "evidence_probes", "from_logliks", "full_site", "hinge_below",
-    "intervened_logliks", "map_probes", "multi_evidence_probes", "one_probe",
-    "passage_containing", "patch", "port_probes", "position_probes", "profile",
-    "record", "span_probes", "stack", "tokenwise",
+    "Adapter", "Attention", "AuditResult", "CONTROL", "Call", "DIS", "EV",
+    "EngineError", "FULL", "Input", "LiftedSiteError", "MaskShapeError",
+    "MultiEvidenceLayout", "MultiEvidenceScores", "Native", "Output",
+    "PortCheck", "PortCheckError", "Probes", "Profile", "Scanned", "Site",
+    "SiteNotFoundError", "SpanUnsupportedError", "Tap", "aggregate",
+    "attention_mass", "attrib", "audit", "by_attention", "by_passage",
+    "by_query_overlap", "ceu", "ceu_unclipped", "check_port", "choose_pairs",
+    "control_span", "degenerate", "delta_L", "delta_int", "evidence_probes",
+    "from_logliks", "full_site", "hinge_below", "intervened_logliks",
+    "map_probes", "multi_evidence_probes", "one_probe", "passage_containing",
+    "patch", "port_probes", "position_probes", "profile", "record",
+    "span_probes", "stack", "tokenwise",
 ]

@@ -20,8 +20,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from ceu_jax.engine.sites import (SPAN_KWARG, EngineError, LoglikFn, Site,
-                                  as_site, rewind_compact, run_hooked)
+from ceu_jax.engine.adapters import SPAN_KWARG, rewind_compact
+from ceu_jax.engine.errors import EngineError
+from ceu_jax.engine.sites import LoglikFn, Site, check_site, run_hooked
 
 
 def by_query_overlap(query: jax.Array, context: jax.Array,
@@ -78,16 +79,17 @@ def _to_btn(mass: jax.Array, layout: str | None, site: Site) -> jax.Array:
 
 
 def attention_mass(loglik_fn: LoglikFn, variables: Any, inputs: Any,
-                   site: Site | str, *, method: str = "attention_mass",
+                   site: Site, *, method: str = "attention_mass",
                    layout: str | None = None) -> jax.Array:
   """The port's attention mass [B, T, N] (ports summed) in the run on inputs.
 
   ``layout``: axis letters of the method's output (default 'btn' / 'btpn').
   """
-  site = as_site(site)
+  site = check_site(site)
   out = []
 
-  def action(next_fun, args, kwargs, module):
+  def action(call):
+    module, args, kwargs = call.module, call.args, call.kwargs
     fn = getattr(module, method, None)
     if fn is None:
       raise EngineError(
@@ -98,14 +100,14 @@ def attention_mass(loglik_fn: LoglikFn, variables: Any, inputs: Any,
     mass = fn(*args, **kw)
     out.append(_to_btn(mass, layout, site))
     rewind_compact(module)
-    return next_fun(*args, **kwargs)
+    return call.run()
 
   run_hooked(loglik_fn, variables, inputs, {site: action})
   return out[0]
 
 
 def by_attention(loglik_fn: LoglikFn, variables: Any, inputs: Any,
-                 site: Site | str, top_l: int, *,
+                 site: Site, top_l: int, *,
                  position: int | jax.Array = -1,
                  valid_mask: jax.Array | None = None,
                  method: str = "attention_mass",

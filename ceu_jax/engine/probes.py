@@ -18,7 +18,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ceu_jax.engine.sites import MaskShapeError
+from ceu_jax.engine.errors import MaskShapeError
+
+# Probe names (rows of an AuditResult are read by these, never by position).
+EV = "ev"            # the evidence span E(D+)
+DIS = "dis"          # a distractor span of matched format
+CONTROL = "control"  # a random non-evidence span of the evidence's length
+FULL = "full"        # the whole site
 
 
 @flax.struct.dataclass
@@ -65,7 +71,7 @@ class Probes:
 
 def full_site() -> Probes:
   """One probe: the full-site patch (h(D−) ← h(D+) everywhere)."""
-  return Probes(names=("full",))
+  return Probes(names=(FULL,))
 
 
 def stack(*probes: Probes) -> Probes:
@@ -145,20 +151,20 @@ def evidence_probes(evidence_mask: jax.Array, *,
                     control_key: Optional[jax.Array] = None,
                     candidate_mask: Optional[jax.Array] = None,
                     port_mask: Optional[jax.Array] = None) -> Probes:
-  """The standard probe set: 'ev', then 'dis' and 'control' when asked for.
+  """The standard probe set: `EV`, then `DIS` and `CONTROL` when asked for.
 
   ``distractor_mask`` [B, N] is a distractor span of matched format;
   ``control_key`` draws a random non-evidence span of the evidence's length
   (inside ``candidate_mask``, e.g. the non-padding context tokens).
   ``port_mask`` [P] restricts every probe to those ports as well.
   """
-  masks, names = [evidence_mask.astype(jnp.bool_)], ["ev"]
+  masks, names = [evidence_mask.astype(jnp.bool_)], [EV]
   if distractor_mask is not None:
     masks.append(distractor_mask.astype(jnp.bool_))
-    names.append("dis")
+    names.append(DIS)
   if control_key is not None:
     masks.append(control_span(evidence_mask, control_key, candidate_mask)[0])
-    names.append("control")
+    names.append(CONTROL)
   span = jnp.stack(masks)
   ports = None if port_mask is None else jnp.broadcast_to(
       port_mask, (len(masks),) + port_mask.shape)

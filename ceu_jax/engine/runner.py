@@ -7,9 +7,11 @@ Shape legend (einsum letters):
 One compiled call evaluates all K probes: ``jax.vmap`` over a chunk of C
 probes, ``lax.map`` over the K/C chunks. Everything that does not depend on the
 probe (the clean and corrupted runs up to the site, and the site's clean value
-for full/port/position patches) is split off by partial evaluation and computed
-once, outside the loop (``hoist=True``); the loop body holds only per-probe
-work (Π_S on the clean run, the patched site and the suffix after it).
+for full/port/position patches) is split off by partial evaluation
+(`ceu_jax.engine.hoist`) and computed once, outside the loop (``hoist=True``);
+the loop body holds only per-probe work (Π_S on the clean run, the patched
+site and the suffix after it). The chunk size C is chosen by `chunking.choose`
+from the measured per-probe working set unless given.
 """
 from __future__ import annotations
 
@@ -22,26 +24,30 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ceu_jax.engine import scores
-from ceu_jax.engine.probes import Probes
-from ceu_jax.engine.sites import (APPROXIMATE, EngineError, LoglikFn, Site,
-                                  as_site, patch, record, run_hooked,
-                                  span_kind)
+from ceu_jax.engine import chunking, hoist as hoist_lib, scores
+from ceu_jax.engine.probes import FULL, Probes
+from ceu_jax.engine.sites import (APPROXIMATE, EngineError, LoglikFn,
+                                  MaskShapeError, Site, check_site,
+                                  edit_action, patch, patched_value, record,
+                                  run_hooked)
 
-try:  # Loop-invariant hoisting uses JAX's partial evaluation (internal API).
-  from jax._src.interpreters import partial_eval as _pe
-  from jax.extend.core import jaxpr_as_fun as _jaxpr_as_fun
-except ImportError:  # pragma: no cover
-  _pe = None
+ChunkSize = int | str
+AUTO = "auto"
 
 
-def one_probe(loglik_fn: LoglikFn, site: Site, variables: Any, clean: Any,
+def one_probe(loglik_fn: LoglikFn, site: Site, variables: Any, *, clean: Any,
               corrupt: Any, probe: Probes, allow_approximate: bool = False,
-              clean_grad: bool = True) -> jax.Array:
+              clean_grad: bool = True, paired: bool = False) -> jax.Array:
   """L_int for a single probe (masks without the K axis). Pure.
 
-  ``clean_grad=False`` stops gradients through the recorded clean value.
+  ``clean_grad=False`` stops gradients through the clean value. ``paired``:
+  one run on D+ and D− concatenated along the batch (see `paired_probe`).
   """
+  if paired:
+    return paired_probe(loglik_fn, site, variables, clean=clean,
+                        corrupt=corrupt, probe=probe,
+                        allow_approximate=allow_approximate,
+                        clean_grad=clean_grad)
   _, rec = record(loglik_fn, variables, clean, site, span_mask=probe.span,
                   allow_approximate=allow_approximate)
   value = rec[site] if clean_grad else jax.lax.stop_gradient(rec[site])
@@ -51,37 +57,63 @@ def one_probe(loglik_fn: LoglikFn, site: Site, variables: Any, clean: Any,
                allow_approximate=allow_approximate)
 
 
-def _hoisted(fn: Callable[[Any, Any], Any], consts: Any, chunk: Any
-             ) -> Callable[[Any], Any]:
-  """Splits ``fn(consts, chunk)`` into a part run now (whatever does not
-  depend on ``chunk``) and a returned function of ``chunk`` for the loop."""
-  c_leaves, c_tree = jax.tree.flatten(consts)
-  p_leaves, p_tree = jax.tree.flatten(chunk)
-  nc = len(c_leaves)
+def _batch_size(tree: Any, what: str) -> int:
+  sizes = {getattr(x, "shape", (None,))[:1] for x in jax.tree.leaves(tree)}
+  if len(sizes) != 1 or () in sizes or (None,) in sizes:
+    raise EngineError(
+        f"paired=True concatenates D+ and D− along axis 0, so every leaf of "
+        f"`{what}` must have the batch axis first with one size; got leading "
+        f"sizes {sorted(map(str, sizes))}")
+  return next(iter(sizes))[0]
 
-  def flat(*leaves):
-    return fn(jax.tree.unflatten(c_tree, leaves[:nc]),
-              jax.tree.unflatten(p_tree, leaves[nc:]))
 
-  closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(
-      *c_leaves, *p_leaves)
-  known, unknown, _, res_avals = _pe.partial_eval_jaxpr_nounits(
-      closed, [False] * nc + [True] * len(p_leaves), instantiate=True)
-  known_out = _jaxpr_as_fun(known)(*c_leaves)
-  residuals = list(known_out[len(known_out) - len(res_avals):])
-  out_tree = jax.tree.structure(out_shape)
+def paired_probe(loglik_fn: LoglikFn, site: Site, variables: Any, *,
+                 clean: Any, corrupt: Any, probe: Probes,
+                 allow_approximate: bool = False,
+                 clean_grad: bool = True) -> jax.Array:
+  """L_int of one probe from a single run on [D+; D−] (batch 2B).
 
-  def body(ch):
-    outs = _jaxpr_as_fun(unknown)(*residuals, *jax.tree.leaves(ch))
-    return jax.tree.unflatten(out_tree, outs)
-  return body
+  At the site, h = [h+; h−] and Π_S h come from the same call; the D− half
+  becomes h− − Π_S h− + Π_S h+ (h+ without a span) on the masked ports and
+  positions, the D+ half is left alone. Nothing recorded leaves the run, so
+  this works inside lifted transforms (nn.remat, nn.scan with `Scanned`).
+  Every input leaf must carry the batch axis first, and the model must treat
+  examples independently (no batch statistics).
+  """
+  b = _batch_size(clean, "clean")
+  if _batch_size(corrupt, "corrupt") != b:
+    raise EngineError("paired=True: clean and corrupt batch sizes differ")
+  both = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), clean, corrupt)
+  span = None if probe.span is None else jnp.concatenate([probe.span] * 2)
+
+  def edit(h, pi):
+    if h.shape[0] != 2 * b:
+      raise MaskShapeError(
+          f"site {site}: paired evaluation needs h with the batch axis first "
+          f"(2B = {2 * b}), got h of shape {tuple(h.shape)}")
+    h_plus, h_minus = h[:b], h[b:]
+    value = h_plus if pi is None else pi[:b]
+    if not clean_grad:
+      value = jax.lax.stop_gradient(value)
+    new = patched_value(site, h_minus, None if pi is None else pi[b:], value,
+                        probe.span, probe.ports, probe.positions)
+    return jnp.concatenate([h_plus, new])
+
+  out = run_hooked(loglik_fn, variables, both,
+                   {site: edit_action(site, edit, span, allow_approximate)},
+                   paired=True)
+  return out[b:]
 
 
 def map_probes(fn: Callable[[Any, Probes], Any], consts: Any, probes: Probes,
-               chunk_size: int = 16, hoist: bool = True) -> Any:
+               chunk_size: ChunkSize = AUTO, hoist: bool = True) -> Any:
   """``fn(consts, probe_chunk)`` (vmapped over its probe axis) over all K
-  probes in chunks of ``chunk_size``; outputs stacked on a leading K axis."""
+  probes in chunks of ``chunk_size`` (``'auto'``: `chunking.choose`);
+  outputs stacked on a leading K axis."""
   k = probes.num
+  if chunk_size == AUTO:
+    chunk_size = chunking.choose(fn, consts, probes)
+  chunking.check(chunk_size)
   if k <= chunk_size:
     return fn(consts, probes)
   n_chunks = math.ceil(k / chunk_size)
@@ -93,9 +125,9 @@ def map_probes(fn: Callable[[Any, Probes], Any], consts: Any, probes: Probes,
 
   chunks = jax.tree.map(to_chunks, probes)
   body = None
-  if hoist and _pe is not None:
+  if hoist:
     try:
-      body = _hoisted(fn, consts, jax.tree.map(lambda m: m[0], chunks))
+      body = hoist_lib.split(fn, consts, jax.tree.map(lambda m: m[0], chunks)).body
     except EngineError:
       raise
     except Exception as e:  # pylint: disable=broad-except
@@ -108,29 +140,41 @@ def map_probes(fn: Callable[[Any, Probes], Any], consts: Any, probes: Probes,
       lambda o: o.reshape((n_chunks * chunk_size,) + o.shape[2:])[:k], out)
 
 
-def intervened_logliks(loglik_fn: LoglikFn, variables: Any, clean: Any,
-                       corrupt: Any, site: Site | str, probes: Probes, *,
-                       chunk_size: int = 16, allow_approximate: bool = False,
-                       hoist: bool = True, clean_grad: bool = True
-                       ) -> jax.Array:
-  """L_int [K, B(, A)] for every probe. Pure; use inside jit/grad.
-
-  ``clean_grad=False`` puts the clean recording under stop-gradient (only
-  the intervened runs carry gradients).
-  """
-  site = as_site(site)
-  probes = probes.validate()
-  one = functools.partial(one_probe, loglik_fn, site,
-                          allow_approximate=allow_approximate,
-                          clean_grad=clean_grad)
-  if all(m is None for m in (probes.span, probes.ports, probes.positions)):
-    return one(variables, clean, corrupt, probes)[None]
+def probe_fn(loglik_fn: LoglikFn, site: Site, *, allow_approximate: bool,
+             clean_grad: bool = True, paired: bool = False
+             ) -> Callable[[Any, Probes], jax.Array]:
+  """``fn((variables, clean, corrupt), probe_chunk) -> L_int [C, B(, A)]``."""
+  def one(variables, clean, corrupt, probe):
+    return one_probe(loglik_fn, site, variables, clean=clean, corrupt=corrupt,
+                     probe=probe, allow_approximate=allow_approximate,
+                     clean_grad=clean_grad, paired=paired)
 
   def fn(consts, chunk):
     v, c, d = consts
     return jax.vmap(one, in_axes=(None, None, None, 0))(v, c, d, chunk)
+  return fn
 
+
+def intervened_logliks(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
+                       corrupt: Any, site: Site, probes: Probes,
+                       chunk_size: ChunkSize = AUTO,
+                       allow_approximate: bool = False, hoist: bool = True,
+                       clean_grad: bool = True, paired: bool = False
+                       ) -> jax.Array:
+  """L_int [K, B(, A)] for every probe. Pure; use inside jit/grad.
+
+  ``clean_grad=False`` puts the clean recording under stop-gradient (only
+  the intervened runs carry gradients). ``paired``: see `paired_probe`.
+  """
+  site = check_site(site)
+  probes = probes.validate()
   bare = probes.replace(names=())
+  if all(m is None for m in (probes.span, probes.ports, probes.positions)):
+    return one_probe(loglik_fn, site, variables, clean=clean, corrupt=corrupt,
+                     probe=bare, allow_approximate=allow_approximate,
+                     clean_grad=clean_grad, paired=paired)[None]
+  fn = probe_fn(loglik_fn, site, allow_approximate=allow_approximate,
+                clean_grad=clean_grad, paired=paired)
   return map_probes(fn, (variables, clean, corrupt), bare, chunk_size, hoist)
 
 
@@ -152,7 +196,7 @@ class AuditResult:
   site: str = flax.struct.field(pytree_node=False, default="")
 
   def row(self, field: str, name: str) -> jax.Array:
-    """One probe's row of a [K, ...] field, by probe name (e.g. 'ev')."""
+    """One probe's row of a [K, ...] field, by probe name (e.g. engine.EV)."""
     if name not in self.names:
       raise KeyError(f"no probe named {name!r}; probes: {self.names}")
     return getattr(self, field)[self.names.index(name)]
@@ -163,6 +207,9 @@ class AuditResult:
   def delta_of(self, name: str) -> jax.Array:
     """Δ_name = L_int,name − L− (Δev, Δdis)."""
     return self.row("delta_int", name)
+
+  def L_int_of(self, name: str) -> jax.Array:
+    return self.row("L_int", name)
 
   def summed(self, eps: float = scores.DEFAULT_EPS) -> "AuditResult":
     """Per-token results summed over the answer axis (sequence-level CEU)."""
@@ -188,50 +235,89 @@ def from_logliks(L_plus: jax.Array, L_minus: jax.Array, L_int: jax.Array,
 
 
 def _observed_loglik(loglik_fn, site, variables, inputs):
-  """(loglik, the port's span_decomposition); checks that the site exists."""
+  """(loglik, the site's span decomposition); checks that the site exists."""
   kind = []
 
-  def action(next_fun, args, kwargs, module):
-    kind.append(span_kind(module))
-    return next_fun(*args, **kwargs)
-  out = run_hooked(loglik_fn, variables, inputs, {site: action})
+  def action(call):
+    kind.append(site.adapter.decomposition(call.module))
+    return call.run()
+  out = run_hooked(loglik_fn, variables, inputs, {site: action},
+                   lifted_ok=True)
   return out, kind[0]
 
 
+def check_loglik_shape(out: Any, per_token: Optional[bool], what: str) -> None:
+  """``loglik_fn`` must give the gold log-likelihood [B] (or [B, A])."""
+  shape = getattr(out, "shape", None)
+  dtype = getattr(out, "dtype", None)
+  ranks = {None: (1, 2), False: (1,), True: (2,)}[per_token]
+  if shape is None or len(shape) not in ranks or not jnp.issubdtype(
+      dtype, jnp.floating):
+    want = {None: "[B] (or per answer token [B, A])", False: "[B]",
+            True: "[B, A] (per_token=True)"}[per_token]
+    raise EngineError(
+        f"loglik_fn returned {type(out).__name__} of shape "
+        f"{None if shape is None else tuple(shape)} and dtype {dtype} on "
+        f"{what}; audit needs the gold log-likelihood {want} as floats. A "
+        "shape like [B, V] or [B, A, V] is logits: take log_softmax and pick "
+        "the gold tokens (ceu_jax.scores.gold_loglik). Pass per_token=False "
+        "to have any 2-D output rejected")
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1),
-                   static_argnames=("chunk_size", "allow_approximate", "hoist"))
+                   static_argnames=("chunk_size", "allow_approximate", "hoist",
+                                    "paired", "per_token"))
 def _audit_jit(loglik_fn, site, variables, clean, corrupt, probes, eps, *,
-               chunk_size, allow_approximate, hoist):
+               chunk_size, allow_approximate, hoist, paired, per_token):
   L_plus, kind = _observed_loglik(loglik_fn, site, variables, clean)
+  check_loglik_shape(L_plus, per_token, "clean")
   L_minus = loglik_fn(variables, corrupt)
-  L_int = intervened_logliks(loglik_fn, variables, clean, corrupt, site,
-                             probes, chunk_size=chunk_size,
-                             allow_approximate=allow_approximate, hoist=hoist)
+  if getattr(L_minus, "shape", None) != L_plus.shape:
+    raise EngineError(
+        f"loglik_fn gave shape {tuple(L_plus.shape)} on clean and "
+        f"{getattr(L_minus, 'shape', None)} on corrupt inputs (D+ and D− must "
+        "be token-aligned pytrees of the same shapes)")
+  L_int = intervened_logliks(
+      loglik_fn, variables, clean=clean, corrupt=corrupt, site=site,
+      probes=probes, chunk_size=chunk_size,
+      allow_approximate=allow_approximate, hoist=hoist, paired=paired)
   names = probes.names or tuple(f"probe_{i}" for i in range(L_int.shape[0]))
   approx = probes.span is not None and kind == APPROXIMATE
   return from_logliks(L_plus, L_minus, L_int, eps, names, str(site), approx)
 
 
-def audit(loglik_fn: LoglikFn, variables: Any, clean_inputs: Any,
-          corrupt_inputs: Any, site: Site | str,
-          probes: Optional[Probes] = None, *, chunk_size: int = 16,
-          eps: float = scores.DEFAULT_EPS, allow_approximate: bool = False,
-          hoist: bool = True) -> AuditResult:
+def audit(loglik_fn: LoglikFn, variables: Any, *, clean: Any, corrupt: Any,
+          site: Site, probes: Optional[Probes] = None,
+          chunk_size: ChunkSize = AUTO, eps: float = scores.DEFAULT_EPS,
+          allow_approximate: bool = False, hoist: bool = True,
+          paired: bool = False, per_token: Optional[bool] = None
+          ) -> AuditResult:
   """CEU of every probe at ``site`` in one compiled call.
 
-  ``loglik_fn(variables, inputs)`` must call ``model.apply`` and return the
-  gold log-likelihood [B] (or per token [B, A]); D+ = ``clean_inputs`` and
-  D− = ``corrupt_inputs`` must be token-aligned. ``probes`` default: the full
-  site. The compiled function is cached on (loglik_fn, site, chunk_size,
-  allow_approximate, hoist) and probe names: keep ``loglik_fn`` the same
-  object across calls (not a fresh lambda) to avoid recompiling.
-  Differentiable (use ``ceu_unclipped`` for losses).
+  - ``loglik_fn(variables, inputs)`` calls ``model.apply`` and returns the
+    log-likelihood of the target (the gold answer) [B], or per target token
+    [B, A]; anything else (e.g. logits) is an `EngineError`. ``per_token``
+    True/False demands [B, A] / [B]; None accepts both.
+  - ``clean`` is the source run D+ (whose site value is patched in),
+    ``corrupt`` the base run D− (which receives it); two pytrees of the same
+    shapes, token-aligned.
+  - ``site``: an `engine.Site`. ``probes``: which part of the site each
+    intervened run restores (default: the full site).
+  - ``chunk_size``: probes per vmapped chunk, or ``'auto'`` (the
+    `chunking.choose` rule). ``paired``: one run on [D+; D−] per probe
+    (sites inside nn.remat / nn.scan).
+  The compiled function is cached on (loglik_fn, site, static options) and
+  probe names: keep ``loglik_fn`` the same object across calls (not a fresh
+  lambda) to avoid recompiling. Differentiable (``ceu_unclipped``).
   """
-  site = as_site(site)
-  probes = Probes(names=("full",)) if probes is None else probes.validate()
+  site = check_site(site)
+  probes = Probes(names=(FULL,)) if probes is None else probes.validate()
+  if chunk_size != AUTO:
+    chunking.check(chunk_size)
   return _audit_jit(
-      loglik_fn, site, variables, clean_inputs, corrupt_inputs, probes, eps,
-      chunk_size=chunk_size, allow_approximate=allow_approximate, hoist=hoist)
+      loglik_fn, site, variables, clean, corrupt, probes, eps,
+      chunk_size=chunk_size, allow_approximate=allow_approximate, hoist=hoist,
+      paired=paired, per_token=per_token)
 
 
 @flax.struct.dataclass
@@ -240,8 +326,8 @@ class Profile:
   results: tuple[AuditResult, ...]
   sites: tuple[str, ...] = flax.struct.field(pytree_node=False, default=())
 
-  def __getitem__(self, site: Site | str) -> AuditResult:
-    return self.results[self.sites.index(str(as_site(site)))]
+  def __getitem__(self, site: Site) -> AuditResult:
+    return self.results[self.sites.index(str(check_site(site)))]
 
   def stacked(self, field: str = "ceu", name: Optional[str] = None) -> jax.Array:
     """[S, ...] of one field (one probe row when ``name`` is given)."""
@@ -250,17 +336,19 @@ class Profile:
     return jnp.stack(rows)
 
 
-def profile(loglik_fn: LoglikFn, variables: Any, clean_inputs: Any,
-            corrupt_inputs: Any, sites: Sequence[Site | str],
-            probes: Optional[Probes | Mapping[str, Probes]] = None,
+def profile(loglik_fn: LoglikFn, variables: Any, *, clean: Any, corrupt: Any,
+            sites: Sequence[Site],
+            probes: Optional[Probes | Mapping[Site, Probes]] = None,
             **kwargs) -> Profile:
-  """`audit` at every site; ``probes`` is one set or a {site: set} mapping."""
-  sites = [as_site(s) for s in sites]
+  """`audit` at every site; ``probes`` is one set or a {Site: set} mapping."""
+  sites = [check_site(s) for s in sites]
   results = []
   for s in sites:
     p = probes
     if isinstance(probes, Mapping):
-      p = probes.get(s, probes.get(str(s), probes.get(s.path)))
-    results.append(audit(loglik_fn, variables, clean_inputs, corrupt_inputs,
-                         s, p, **kwargs))
+      if s not in probes:
+        raise EngineError(f"profile: no probes given for site {s}")
+      p = probes[s]
+    results.append(audit(loglik_fn, variables, clean=clean, corrupt=corrupt,
+                         site=s, probes=p, **kwargs))
   return Profile(tuple(results), tuple(str(s) for s in sites))

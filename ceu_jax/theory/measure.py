@@ -114,10 +114,11 @@ def _t1_logits(model, site: str, approximate: bool, variables, clean, corrupt, s
   """(z+, z−, z_int) [B, A, V]: z_int patches Π_S h_f(D+) into the run on D−."""
   def logits_fn(v, inputs):
     return model.apply(v, *inputs)
+  site = engine.Site.parse(site)
   z_plus, rec = engine.record(logits_fn, variables, clean, site, span_mask=span,
                               allow_approximate=approximate)
   z_minus = logits_fn(variables, corrupt)
-  z_int = engine.patch(logits_fn, variables, corrupt, site, rec[engine.as_site(site)],
+  z_int = engine.patch(logits_fn, variables, corrupt, site, rec[site],
                        span_mask=span, allow_approximate=approximate)
   return z_plus, z_minus, z_int
 

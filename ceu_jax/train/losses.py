@@ -192,8 +192,8 @@ def cer_loss(params: Any, model: nn.Module, site: str, clean: RetrievalBatch,
       probes, dis_found = probe_set(clean, corrupt, cfg.k, key)
       frozen = cfg.grad_path == "numerator"
       l_int = runner.intervened_logliks(
-          loglik, variables, ModelInputs.of(clean, frozen=frozen), ModelInputs.of(corrupt),
-          site, probes, chunk_size=cfg.k, allow_approximate=allow_approximate)  # [K, B]
+          loglik, variables, clean=ModelInputs.of(clean, frozen=frozen), corrupt=ModelInputs.of(corrupt),
+          site=runner.Site.parse(site), probes=probes, chunk_size=cfg.k, allow_approximate=allow_approximate)  # [K, B]
       gap_g = gap_c if frozen else gap     # numerator mode: the gap is a constant
       delta = engine_scores.delta_int(l_int, l_minus)                  # [K, B]
       den = jnp.maximum(gap_g, cfg.gap_floor)
