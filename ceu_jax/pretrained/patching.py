@@ -380,7 +380,7 @@ def fast_patch_audit(variables: dict, config: SmolLMConfig, *, clean: dict, corr
   `reference_audit` (tested to 1e-5).
   """
   _check_audit_args(config, clean, corrupt, probes, n_tail)
-  return _fast_audit(variables, config, clean, corrupt, probes, jnp.asarray(eps, jnp.float32),
+  return _fast_audit(variables, config, clean, corrupt, probes, jnp.asarray(eps),
                      n_tail=n_tail, chunk=chunk, groups=groups)
 
 
