@@ -212,23 +212,25 @@ def test_spec_identities(lm, n_layers):
 
 
 def _probes(bp, changed, extra: bool = False):
-  """site / ev / empty span probes at the answer positions; `extra` adds a
-  head subset at the evidence and a soft (0.5) position mask."""
+  """site / ev / empty span probes at the answer positions ([Q, B, T_in]); `extra`
+  adds a head subset at the evidence and a soft (0.5) position mask, with
+  per-probe (not per-row) masks: positions [Q, T_in], ports [Q, H]."""
   from ceu_jax import engine
   from ceu_jax.pretrained import answer_positions
   ev = changed[:, :-1]
   span = [np.ones_like(ev), ev, np.zeros_like(ev)]
-  names = ['site', 'ev', 'none']
-  pos = answer_positions(bp.answer_mask).astype(np.float32)
-  positions = [pos] * 3
-  ports = [np.ones(9, np.float32)] * 3
-  if extra:
-    span += [ev, ev]
-    names += ['ev_heads_0_4', 'ev_half']
-    positions += [pos, 0.5 * pos]
-    ports += [np.eye(9, dtype=np.float32)[[0, 4]].sum(0), np.ones(9, np.float32)]
-  return engine.Probes(span=np.stack(span), ports=np.stack(ports),
-                       positions=np.stack(positions), names=tuple(names))
+  names = ('site', 'ev', 'none')
+  pos = answer_positions(bp.answer_mask)
+  if not extra:
+    return engine.Probes(span=np.stack(span), positions=np.stack([pos] * 3), names=names)
+  assert (pos == pos[:1]).all()  # the same answer positions in every row
+  pos = pos[0].astype(np.float32)
+  ports = np.ones(9, np.float32)
+  return engine.Probes(
+      span=np.stack(span + [ev, ev]),
+      ports=np.stack([ports] * 3 + [np.eye(9, dtype=np.float32)[[0, 4]].sum(0), ports]),
+      positions=np.stack([pos] * 4 + [0.5 * pos]),
+      names=names + ('ev_heads_0_4', 'ev_half'))
 
 
 def _fast_vs_reference(config, variables, bp, bm, probes, layers, atol):
@@ -286,7 +288,7 @@ def test_fast_patch_checks_its_inputs(lm):
   good = _probes(bp, changed)
   kw = dict(clean=_inputs(bp), corrupt=_inputs(bm), n_tail=bp.n_tail)
   early = good.positions.copy()
-  early[:, :, 0] = 1.0
+  early[:, :, 0] = True
   cases = [
       (dataclasses.replace(good, positions=None), 'positions. is required'),
       (dataclasses.replace(good, positions=early), 'before the last n_tail'),

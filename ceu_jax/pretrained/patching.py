@@ -333,14 +333,16 @@ def _fast_audit(variables: dict, config: SmolLMConfig, clean: dict, corrupt: dic
   n_q = probes.num
   span = (jnp.ones((n_q, b, t_in), bool) if probes.span is None
           else probes.span)  # [Q, B, N]; Π_S with S = all is h exactly
+  lead = lambda m: m if m.ndim == 3 else m[:, None]  # [Q, X] -> [Q, 1, X]
   pos = (jnp.ones((n_q, b, n_tail), bool) if probes.positions is None
-         else jnp.broadcast_to(probes.positions[..., t_in - n_tail:], (n_q, b, n_tail)))
+         else jnp.broadcast_to(lead(probes.positions)[..., t_in - n_tail:], (n_q, b, n_tail)))
   ports = (jnp.ones((n_q, b, config.n_heads), bool) if probes.ports is None
-           else jnp.broadcast_to(probes.ports if probes.ports.ndim == 3
-                                 else probes.ports[:, None], (n_q, b, config.n_heads)))
-  patch_mask = pos[..., None].astype(jnp.float32) * ports[:, :, None].astype(jnp.float32)
+           else jnp.broadcast_to(lead(probes.ports), (n_q, b, config.n_heads)))
   if pos.dtype == jnp.bool_ and ports.dtype == jnp.bool_:
     patch_mask = pos[..., None] & ports[:, :, None]  # [Q, B, n, H]
+  else:  # soft masks interpolate, as in engine.patch
+    ft = jnp.result_type(pos.dtype, ports.dtype, jnp.float32)
+    patch_mask = pos[..., None].astype(ft) * ports[:, :, None].astype(ft)
   lc, cache_p = model.apply(variables, tokens_p[:, :-1], valid_in, n_logits=n_tail,
                             return_cache=True)
   lr, cache_m = model.apply(variables, tokens_m[:, :-1], valid_in, n_logits=n_tail,
