@@ -324,3 +324,17 @@ def test_tiny_audit_all_layers(tmp_path):
   _check_outputs(str(tmp_path), cfg, n_layers=30)
   assert s['L_plus']['value'] > s['L_minus']['value']
   assert s['n_degenerate'] < s['n_examples']
+
+
+def test_pretrained_package_is_on_the_engine():
+  """#14: the pretrained audit imports the engine, has no interceptor of its
+  own and no copy of the CEU formula (scores come from engine.from_logliks)."""
+  import pathlib
+
+  from ceu_jax import engine
+  from ceu_jax.pretrained import patching
+  assert patching.engine is engine and audit_nq.engine is engine
+  src = {p.name: p.read_text() for p in pathlib.Path(patching.__file__).parent.glob('*.py')}
+  for name, text in src.items():
+    assert 'intercept_methods' not in text, name
+    assert 'clip(' not in text and 'stabilised_ceu' not in text, name

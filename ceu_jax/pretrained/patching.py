@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
