@@ -418,6 +418,7 @@ def reference_audit(variables: dict, config: SmolLMConfig, *, clean: dict, corru
   all); the returned profile holds those sites only.
   """
   _check_audit_args(config, clean, corrupt, probes, n_tail)
+  variables, clean, corrupt = jax.device_put((variables, clean, corrupt))  # once, not per call
   loglik_fn = engine_loglik_fn(config, n_tail)
   sites = read_port_sites(config)
   sites = tuple(sites if layers is None else [sites[i] for i in layers])
