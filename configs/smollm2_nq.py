@@ -1,6 +1,10 @@
 """Causal evidence usage of SmolLM2-135M per layer on NQ knowledge conflicts (issue #9).
 
-Run (full: ≥ 200 aligned pairs, all 30 layers; tens of minutes on 2 CPU cores):
+Probes (engine names): ev, dis, control and (site_probe) site, at every layer's read
+port, patched at the answer positions; dis / control never touch a spelling of the
+answer or substitute (`ceu_jax/pretrained/probe_spans.py`).
+
+Run (full: 240 pairs, all 30 layers; 56 min on 2 CPU cores at load 14–20):
   python -m experiments.audit_pretrained --config configs/smollm2_nq.py --workdir runs/smollm2_nq
 Tiny (a handful of pairs; the fast test uses it, with fewer layers):
   python -m experiments.audit_pretrained --config configs/smollm2_nq.py:tiny --workdir /tmp/nq_tiny

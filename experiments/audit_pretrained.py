@@ -26,6 +26,8 @@ def main(argv):
   print(f"pairs kept {s['pairs']['kept']}/{s['pairs']['items']}, audited {s['n_examples']}, "
         f"degenerate {s['n_degenerate']}; mean L+ {s['L_plus']['value']:.2f}, "
         f"L- {s['L_minus']['value']:.2f}")
+  print('no valid span (probe absent, never filled): ' + ', '.join(
+      f"{p} {v['count']}" for p, v in s['no_valid_span'].items()))
   print('layer  ' + '  '.join(f'{p:>24s}' for p in s['probes']))
   for e in s['per_layer']:
     print(f"{e['layer']:5d}  " + '  '.join(f"{_fmt(e[p]['ceu']):>24s}" for p in s['probes']))

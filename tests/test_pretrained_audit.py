@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from ceu_jax.pretrained import audit_nq, gguf_loader
+from ceu_jax.pretrained import audit_nq, gguf_loader, probe_spans
 
 _WHY = gguf_loader.is_available()
 needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
@@ -44,13 +44,14 @@ def test_swap_tracks_shifted_ranges():
 
 
 def test_windows_avoid_banned_and_stay_in_context():
-  assert audit_nq._windows([3, 4, 5, 6, 7], 2, {5}) == [(3, 4), (6, 7)]
-  assert audit_nq._windows([3, 4], 3, set()) == []
+  assert probe_spans.windows([3, 4, 5, 6, 7], 2, {5}) == [(3, 4), (6, 7)]
+  assert probe_spans.windows([3, 4], 3, set()) == []
 
 
-def _pair(i: int, length: int, answer_tokens: int) -> audit_nq.Pair:
+def _pair(i: int, length: int, answer_tokens: int, dis=(2,), control=(3,)) -> audit_nq.Pair:
   return audit_nq.Pair(f'nq:{i:05d}', 'q', 'a', 'b', 'dataset', 'p', 'm',
-                       length - answer_tokens, answer_tokens, (1,), (2,), 'entity', (3,))
+                       length - answer_tokens, answer_tokens, (1,), dis,
+                       'entity' if dis else 'none', control)
 
 
 def test_plan_batches_fixed_shapes():
@@ -65,27 +66,125 @@ def test_plan_batches_fixed_shapes():
   by_id = {p.id: p for p in pairs}
   assert all(by_id[i].length <= b['pad_to'] and by_id[i].answer_tokens <= b['n_tail']
              for b in plan for i in b['ids'])
+  other = [_pair(0, 50, 2, dis=(4,))] + pairs[1:]  # other spans: another plan
+  assert audit_nq.plan_batches(other, cfg) != plan
 
 
-def _rows(gaps, l_int, n_layers=2):
-  rows = []
-  for i, (g, li) in enumerate(zip(gaps, l_int)):
-    for layer in range(n_layers):
-      rows.append({'id': f'nq:{i}', 'layer': layer, 'L_plus': g, 'L_minus': 0.0,
-                   'L_int_ev': li, 'L_int_dis': 0.0, 'L_int_ctl': 0.0})
-  return rows
+# ---------------------------------------------------------------------------
+# Distractor and control spans are never the answer in another spelling (#22).
+# ---------------------------------------------------------------------------
+
+SISYPHUS = ('In Greek mythology Sisyphus or Sisyphos ( / ˈsɪsɪfəs / ; Greek : Σίσυφος , '
+            'Sísuphos ) was the king of Ephyra ( now known as Corinth ) . Tasks that are '
+            'futile are described as Sisyphean ( / ˌsɪsɪˈfiːən / ) .')
 
 
-def test_summary_flags_degenerate_and_clips():
+def _like(text, targets):
+  return [text[s:e] for s, e in probe_spans.answer_like_ranges(text, 0, len(text), targets)]
+
+
+def test_answer_like_words():
+  got = set(_like(SISYPHUS, ['Sisyphus', 'Elio Petri']))
+  assert {'Sisyphus', 'Sisyphos', 'Sisyphean', 'Sísuphos', 'Σίσυφος', 'ˈsɪsɪfəs',
+          'ˌsɪsɪˈfiːən'} <= got
+  assert not got & {'Greek', 'mythology', 'king', 'Ephyra', 'Corinth', 'Tasks', 'futile'}
+  # Case, punctuation, diacritics, stems, the substitute, multi-word targets.
+  text = ('SISYPHUS met sisyphus\'s friend Sísyphus-like Petri and PETRIS near the U.S. '
+          'border, in the US, where New Yorkers live; Paris is far.')
+  got = _like(text, ['Sisyphus', 'Elio Petri', 'U.S.', 'New York'])
+  for w in ('SISYPHUS', 'sisyphus', 'Sísyphus', 'Petri', 'PETRIS', 'U.S', 'US', 'New',
+            'Yorkers'):
+    assert w in got, w
+  for w in ('met', 'friend', 'like', 'near', 'the', 'border', 'where', 'live', 'Paris', 'far'):
+    assert w not in got, w
+
+
+@pytest.mark.parametrize('word,key,want', [
+    ('sisyphos', 'sisyphus', True),  # common prefix ≥ 5
+    ('sisuphos', 'sisyphus', True),  # transliteration: difflib ratio 0.75
+    ('roman', 'rome', True),  # prefix 3 = 75% of the shorter word
+    ('corinth', 'sisyphus', False), ('an', 'and', False),
+    ('ii', 'ii', True), ('is', 'iii', False),  # < 3 characters: equal only
+])
+def test_related_rule(word, key, want):
+  assert probe_spans.related(word, key) is want
+
+
+def _word_offsets(text):
+  """One 'token' per whitespace-separated word, with a leading space like BPE."""
+  import re
+  out = []
+  for m in re.finditer(r'\S+', text):
+    out.append((m.start() - 1 if m.start() else 0, m.end()))
+  return out
+
+
+def _chosen(text, ev_word, targets, seed=0):
+  offs = _word_offsets(text)
+  ev = probe_spans.positions(offs, [(text.index(ev_word), text.index(ev_word) + len(ev_word))])
+  rng = np.random.default_rng(seed)
+  dis, kind, ctl = probe_spans.choose_spans(text, offs, 0, len(text), ev, targets, rng)
+  word = lambda pos: ' '.join(text[offs[j][0]:offs[j][1]].strip() for j in pos)
+  return word(dis), kind, word(ctl)
+
+
+@pytest.mark.parametrize('seed', range(5))
+def test_choose_spans_elsewhere(seed):
+  # The only other capitalised one-word mentions spell the answer differently.
+  text = 'Sisyphus or SISYPHOS or Sisyphean or Sísuphos and the boulder rolled down Corinth'
+  dis, kind, ctl = _chosen(text, 'Sisyphus', ['Sisyphus', 'Elio'], seed)
+  assert (dis, kind) == ('Corinth', 'entity')
+  assert ctl in {'and', 'the', 'boulder', 'rolled', 'down', 'or'}
+  # The substitute's variants are excluded too; no entity left: a context window.
+  text = 'Paris is where Elio and Elios met the king'
+  dis, kind, ctl = _chosen(text, 'Paris', ['Paris', 'Elio'], seed)
+  assert kind == 'context' and dis in {'is', 'where', 'and', 'met', 'the', 'king'}
+  assert ctl in {'is', 'where', 'and', 'met', 'the', 'king'} and ctl != dis
+
+
+def test_choose_spans_absent_never_filled():
+  # No other entity: a context window; no room left for a disjoint control: the same one.
+  assert _chosen('Sisyphus or Sisyphos', 'Sisyphus', ['Sisyphus']) == ('or', 'context', 'or')
+  text = 'Sisyphus Sisyphos'
+  assert _chosen(text, 'Sisyphus', ['Sisyphus']) == ('', 'none', '')
+
+
+# ---------------------------------------------------------------------------
+# Rows and summary from the engine's scores.
+# ---------------------------------------------------------------------------
+
+
+def _profile(gaps, l_int, n_layers=2):
+  """An engine Profile of synthetic log-likelihoods (L− = 0; probes by name)."""
+  import jax.numpy as jnp
+  from ceu_jax import engine
+  lp = jnp.asarray(gaps, jnp.float32)
+  li = jnp.asarray(l_int, jnp.float32)
+  l_int = jnp.stack([li, jnp.zeros_like(li), jnp.full_like(li, 0.5)])  # ev, dis, control
+  sites = [f'layers_{i}/attn:read' for i in range(n_layers)]
+  return engine.Profile(tuple(engine.from_logliks(lp, jnp.zeros_like(lp), l_int,
+                                                  names=audit_nq.SPAN_PROBES, site=s)
+                              for s in sites), tuple(sites))
+
+
+def test_summary_flags_degenerate_clips_and_counts_missing_spans():
   cfg = _config('tiny')
-  rows = _rows(gaps=[2.0, 4.0, 0.0, -1.0], l_int=[1.0, 8.0, 5.0, 0.0])
-  audit_nq.add_ceu(rows, audit_nq.SPAN_PROBES, cfg.eps)
+  pairs = [_pair(0, 50, 2), _pair(1, 50, 2, dis=(), control=()), _pair(2, 50, 2),
+           _pair(3, 50, 2), _pair(4, 50, 2, control=())]
+  prof = _profile(gaps=[2.0, 4.0, 0.0, -1.0, 1.0], l_int=[1.0, 8.0, 5.0, 0.0, 0.25])
+  rows = audit_nq.batch_rows(pairs, prof, audit_nq.SPAN_PROBES)
   s = audit_nq.summarize(rows, audit_nq.SPAN_PROBES, 2, cfg)
-  assert s['n_examples'] == 4 and s['n_degenerate'] == 2
-  assert s['degenerate_ids'] == ['nq:2', 'nq:3']
+  assert s['n_examples'] == 5 and s['n_degenerate'] == 2
+  assert s['degenerate_ids'] == ['nq:00002', 'nq:00003']
+  assert s['no_valid_span'] == {'dis': {'count': 1, 'ids': ['nq:00001']},
+                                'control': {'count': 2, 'ids': ['nq:00001', 'nq:00004']}}
   ev = s['per_layer'][1]['ev']['ceu']
-  assert ev['n'] == 2 and ev['value'] == pytest.approx((0.5 + 1.0) / 2)  # 8/4 clipped to 1
+  assert ev['n'] == 3 and ev['value'] == pytest.approx((0.5 + 1.0 + 0.25) / 3)  # 8/4 clipped
+  ctl = s['per_layer'][1]['control']['ceu']
+  assert ctl['n'] == 1 and ctl['value'] == pytest.approx(0.25)  # only nq:00000 (0.5 / 2)
+  assert s['per_layer'][0]['dis']['ceu']['n'] == 2
   assert all(r['ceu_ev'] is None for r in rows if r['degenerate'])
+  assert all(r['L_int_dis'] is None and r['ceu_dis'] is None for r in rows if not r['has_dis'])
   assert s['per_layer'][0]['dis']['delta']['value'] == 0.0
   json.dumps(s, allow_nan=False)
 
@@ -118,9 +217,33 @@ def test_pairs_token_aligned_with_probe_spans(tiny_pairs):
     diff = {j for j, (a, b) in enumerate(zip(ids_p, ids_m)) if a != b}
     assert diff and diff <= set(p.ev)
     assert p.answer in p.clean_prompt and p.answer not in p.corrupt_prompt
-    assert len(p.dis) == len(p.ctl) == len(p.ev)
-    assert not set(p.ev) & set(p.dis) and not set(p.ev) & set(p.ctl)
-    assert tok.decode([ids_p[j] for j in p.dis]).strip() != p.answer
+    for span in (p.dis, p.control):
+      assert len(span) in (0, len(p.ev)) and not set(p.ev) & set(span)
+      text = tok.decode([ids_p[j] for j in span])
+      assert not probe_spans.answer_like_ranges(text, 0, len(text), [p.answer, p.substitute])
+
+
+@needs_model
+def test_sisyphus_item_spans_chosen_elsewhere():
+  """nq:03274 (#22): the distractor was 'Sisyphos' and the control overlapped
+  'Sisyphean'; now neither touches any spelling of the answer."""
+  from ceu_jax.pretrained import load_tokenizer
+  tok = load_tokenizer()
+  cfg = _config('full')
+  recs = audit_nq.nq_records('test')
+  rec, ctx = next((r, c) for r, c in recs if r['id'] == 'nq:03274')
+  pair, why = audit_nq.make_pair(tok, rec, ctx, audit_nq._drawn_pool(tok, recs), cfg)
+  assert why == 'kept' and pair.answer == 'Sisyphus'
+  enc = tok.encode(pair.clean_prompt, add_special_tokens=False)
+  lo = len(audit_nq.CONTEXT_PREFIX)
+  for variant in ('Sisyphos', 'Sisyphean', 'Sísuphos', 'Σίσυφος', 'ˈsɪsɪfəs'):
+    s = pair.clean_prompt.index(variant, lo)
+    hit = set(probe_spans.positions(enc.offsets, [(s, s + len(variant))]))
+    assert hit and not hit & set(pair.dis) and not hit & set(pair.control), variant
+  assert pair.dis and pair.control and len(pair.dis) == len(pair.control) == len(pair.ev)
+  for span in (pair.dis, pair.control):
+    text = tok.decode([enc.ids[j] for j in span])
+    assert 'isyph' not in text.lower() and 'suph' not in text.lower(), text
 
 
 @needs_model
@@ -128,12 +251,19 @@ def test_batch_arrays_masks_and_padding(tiny_pairs):
   tok, cfg, pairs, _ = tiny_pairs
   ps = pairs[:1]
   arr = audit_nq.batch_arrays(tok, ps, batch_size=2, pad_to=cfg.max_len)
-  assert arr['spans'].shape == (3, 2, cfg.max_len)
-  np.testing.assert_array_equal(arr['clean'][0], arr['clean'][1])  # short batch: repeated row
-  assert (arr['spans'].sum(-1) == len(ps[0].ev)).all()
-  assert not (arr['spans'] & ~arr['valid']).any()
-  changed = arr['clean'] != arr['corrupt']
-  assert changed.any() and not (changed & ~arr['spans'][0]).any()
+  clean, corrupt = arr['clean'], arr['corrupt']
+  np.testing.assert_array_equal(clean['tokens'][0], clean['tokens'][1])  # short batch: repeated
+  for name in audit_nq.SPAN_PROBES:
+    m = arr['spans'][name]
+    assert m.shape == (2, cfg.max_len - 1)
+    assert (m.sum(-1) == len(getattr(ps[0], name))).all()
+    assert not (m & ~clean['valid'][:, :-1]).any()
+  changed = clean['tokens'] != corrupt['tokens']
+  assert changed.any() and not (changed[:, :-1] & ~arr['spans']['ev']).any()
+  probes = audit_nq.batch_probes(arr, audit_nq.SPAN_PROBES + (audit_nq.SITE,))
+  assert probes.names == ('ev', 'dis', 'control', 'site')
+  assert probes.span[probes.index('site')].all()
+  np.testing.assert_array_equal(probes.positions[0], clean['answer_mask'][:, 1:])
 
 
 # ---------------------------------------------------------------------------
@@ -149,12 +279,15 @@ def _check_outputs(workdir: str, cfg, n_layers: int) -> dict:
   assert s['n_degenerate'] == sum(r['degenerate'] == 'True' for r in rows) // n_layers
   for r in rows:
     for p in s['probes']:
-      float(r[f'L_int_{p}'])
-      assert (r[f'ceu_{p}'] == '') == (r['degenerate'] == 'True')
+      has = r[f'has_{p}'] == 'True'
+      assert (r[f'L_int_{p}'] == '') == (not has)
+      assert (r[f'ceu_{p}'] == '') == (r['degenerate'] == 'True' or not has)
   for e in s['per_layer']:
     for p in s['probes']:
       agg = e[p]['ceu']
-      assert agg['n'] == s['n_examples'] - s['n_degenerate']
+      missing = s['no_valid_span'].get(p, {'ids': []})['ids']
+      assert agg['n'] == sum(r['layer'] == str(e['layer']) and r['degenerate'] == 'False'
+                             and r['id'] not in missing for r in rows)
       if agg['n']:
         assert agg['ci_low'] <= agg['value'] <= agg['ci_high']
         assert 0.0 <= agg['value'] <= 1.0
@@ -191,3 +324,17 @@ def test_tiny_audit_all_layers(tmp_path):
   _check_outputs(str(tmp_path), cfg, n_layers=30)
   assert s['L_plus']['value'] > s['L_minus']['value']
   assert s['n_degenerate'] < s['n_examples']
+
+
+def test_pretrained_package_is_on_the_engine():
+  """#14: the pretrained audit imports the engine, has no interceptor of its
+  own and no copy of the CEU formula (scores come from engine.from_logliks)."""
+  import pathlib
+
+  from ceu_jax import engine
+  from ceu_jax.pretrained import patching
+  assert patching.engine is engine and audit_nq.engine is engine
+  src = {p.name: p.read_text() for p in pathlib.Path(patching.__file__).parent.glob('*.py')}
+  for name, text in src.items():
+    assert 'intercept_methods' not in text, name
+    assert 'clip(' not in text and 'stabilised_ceu' not in text, name

