@@ -25,6 +25,14 @@ OVERRIDES = dict(embed_dim=16, enc_mlp_dim=24, reader_mlp_dim=24, reader_heads=2
 SITE = "reader/block_1/retrieval"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
 class DensePassageEncoder(memory.PassageEncoder):
   """The reference: [query; context] under a dense (q+n)^2 block mask."""
 
@@ -134,27 +142,32 @@ def _run(model, params, x, span_mask):
 
 
 @pytest.fixture(scope="module")
-def dense_reference():
-  """RetrievalModel with the reference modules swapped in (same parameter tree)."""
-  def run(model, params, x, span_mask):
+def runs():
+  """(model, blocked run, dense-reference run): jitted once for both seeds."""
+  model = _model()
+  blocked = jax.jit(lambda p, x, s: _run(model, p, x, s))
+  dense_jit = jax.jit(lambda p, x, s: _run(model, p, x, s))
+
+  def dense(params, x, span_mask):
+    """RetrievalModel with the reference modules swapped in (same parameter tree)."""
     enc, ret = model_lib.ENCODERS["memory_port"], model_lib.RETRIEVALS["memory_port"]
     model_lib.ENCODERS["memory_port"] = DensePassageEncoder
     model_lib.RETRIEVALS["memory_port"] = DenseMemoryPortRetrieval
     try:
-      return jax.jit(lambda p, x, s: _run(model, p, x, s))(params, x, span_mask)
+      return dense_jit(params, x, span_mask)
     finally:
       model_lib.ENCODERS["memory_port"], model_lib.RETRIEVALS["memory_port"] = enc, ret
-  return run
+  return model, blocked, dense
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_blocked_encoder_equals_dense_reference(dense_reference, seed):
-  model = _model()
+def test_blocked_encoder_equals_dense_reference(runs, seed):
+  model, blocked, dense = runs
   params = _random_params(model, seed)
   x = _inputs(seed)
   span = jnp.asarray(np.random.RandomState(seed + 7).rand(*x[1].shape) < 0.5)
-  want = dense_reference(model, params, x, span)
-  got = jax.jit(lambda p, x, s: _run(model, p, x, s))(params, x, span)
+  want = dense(params, x, span)
+  got = blocked(params, x, span)
   ctx_ok = np.asarray(x[1] != 0)[..., None]
   np.testing.assert_allclose(got[0], want[0], atol=1e-5, rtol=1e-5, err_msg="logits")
   assert set(got[1]) == set(want[1]) == {"reader/block_0/retrieval", SITE}
@@ -194,21 +207,30 @@ def test_block_mask_shape_and_isolation():
 
 
 def test_bad_layout_and_length_raise():
-  q, c, pid, a = _inputs(0)
-  model = _model()
-  params = architectures.init_params(model, jax.random.PRNGKey(0))
+  _, _, pid, _ = _inputs(0)
   with pytest.raises(ValueError, match=r"passage_ids must be position // \(context_len"):
-    model.apply(params, q, c, jnp.roll(pid, 1, axis=1), a)
+    memory.check_passage_layout(jnp.roll(pid, 1, axis=1), SIZES["num_passages"])
   with pytest.raises(ValueError, match="context_len .* multiple of num_passages"):
     memory.passage_len(50, 4)
+  model = architectures.build_model(dict(family="memory_port", preset="p100k"),
+                                    **{**SIZES, "context_len": 50})
+  with pytest.raises(ValueError, match="context_len .* multiple of num_passages"):
+    jax.eval_shape(model.init, jax.random.PRNGKey(0), *architectures.dummy_inputs(model.spec, 1))
 
 
 def test_data_tasks_produce_the_block_layout():
-  """The layout the blocked encoder assumes is the one every data task writes."""
+  """The layout the blocked encoder assumes is the one every data task writes:
+  an ATR-insert batch, and the factual-QA row layout (its stream writes rows
+  from `layout.Row.empty`, whose passage_ids no later step changes)."""
   from ceu_jax.data import tasks  # pylint: disable=g-import-not-at-top
-  from configs import atr_insert  # pylint: disable=g-import-not-at-top
+  from ceu_jax.data.factqa import layout  # pylint: disable=g-import-not-at-top
+  from configs import atr_insert, factqa  # pylint: disable=g-import-not-at-top
   cfg = atr_insert.get_config("tiny")
   spec = tasks.of_config(cfg.data)
   data_cfg = spec.config_cls.from_config(cfg.data)
   batch = spec.generate_batch(data_cfg, 0, 0, 4, "train")
   memory.check_passage_layout(batch.passage_ids, data_cfg.num_passages)
+  cfg = factqa.get_config("tiny")
+  data_cfg = tasks.of_config(cfg.data).config_cls.from_config(cfg.data)
+  row = layout.Row.empty(data_cfg)
+  memory.check_passage_layout(row.passage_ids[None], data_cfg.num_passages)
