@@ -236,42 +236,65 @@ def grid_cells(variant: str):
   return sweep.expand(paper.get_config(variant))
 
 
-def grid_cost(cells, step_cost, fwd_cost) -> dict:
-  """Total FLOPs and bytes (train, periodic eval, audits) of the grid's cells."""
+def cell_cost(c, step_cost, fwd_cost) -> dict:
+  """FLOPs and bytes of one cell: train steps, periodic evaluations, the grid's audits."""
   from ceu_jax.grid import cell as cell_lib  # pylint: disable=g-import-not-at-top
-  tot = {f"{part}_{q}": 0.0 for part in ("train", "eval", "audit") for q in ("flops", "bytes")}
-  for cell in cells:
-    c = copy.deepcopy(cell.config)
-    c.train.batch_size = COST_BATCH
-    sc = step_cost(c)
-    steps, per_step = int(c.train.num_steps), int(c.train.batch_size)
-    scale = int(cell.config.train.batch_size) / per_step
-    family, preset, n = c.model.family, c.model.preset, int(c.data.context_len)
-    evals = steps // int(c.train.eval_every) + (steps % int(c.train.eval_every) != 0) \
-        if int(c.train.eval_every) else 0
-    fwd = fwd_cost(preset, family, n)
-    ev = evals * int(c.eval.num_examples) * len(c.eval.corruptions) * FWD_PER_AUDITED
-    audit = {"flops": 0.0, "bytes": 0.0}
-    for _, data_cfg in cell_lib.test_conditions(c):
-      f = fwd_cost(preset, family, int(data_cfg.context_len))
-      for q in ("flops", "bytes"):
-        audit[q] += int(c.grid.eval_examples) * FWD_PER_AUDITED * f[q]
-    for q in ("flops", "bytes"):
-      tot[f"train_{q}"] += steps * sc[q] * scale
-      tot[f"eval_{q}"] += ev * fwd[q]
-      tot[f"audit_{q}"] += audit[q]
-  tot["flops"] = tot["train_flops"] + tot["eval_flops"] + tot["audit_flops"]
-  tot["bytes"] = tot["train_bytes"] + tot["eval_bytes"] + tot["audit_bytes"]
-  tot["cells"] = len(cells)
-  return tot
+  batch = int(c.train.batch_size)
+  c = copy.deepcopy(c)
+  c.train.batch_size = COST_BATCH
+  sc = step_cost(c)
+  steps, every = int(c.train.num_steps), int(c.train.eval_every)
+  evals = (steps // every + (steps % every != 0)) if every else 0
+  family, preset, n = c.model.family, c.model.preset, int(c.data.context_len)
+  fwd = fwd_cost(preset, family, n)
+  per_eval = int(c.eval.num_examples) * len(c.eval.corruptions) * FWD_PER_AUDITED
+  out = {}
+  for q in ("flops", "bytes"):
+    out[f"train_{q}"] = steps * sc[q] * batch / COST_BATCH
+    out[f"eval_{q}"] = evals * per_eval * fwd[q]
+    out[f"audit_{q}"] = sum(
+        int(c.grid.eval_examples) * FWD_PER_AUDITED
+        * fwd_cost(preset, family, int(d.context_len))[q]
+        for _, d in cell_lib.test_conditions(c))
+    out[q] = out[f"train_{q}"] + out[f"eval_{q}"] + out[f"audit_{q}"]
+  return out
 
 
 def device_hours(flops: float, nbytes: float) -> dict:
+  """{device: {roofline_h, compute_bound_h}} of work with these FLOPs and bytes."""
   out = {}
   for name, d in DEVICES.items():
     compute = flops / (d["flops"] * UTILISATION) / 3600
     memory = nbytes / (d["bandwidth"] * UTILISATION) / 3600
     out[name] = {"compute_bound_h": compute, "roofline_h": max(compute, memory)}
+  return out
+
+
+def grid_cost(cells, step_cost, fwd_cost) -> dict:
+  """Per family and in total: FLOPs, bytes and device-hours (roofline summed per cell).
+
+  A cell that its own config validation rejects is counted under `invalid`.
+  """
+  keys = [f"{p}_{q}" for p in ("train", "eval", "audit") for q in ("flops", "bytes")]
+  zero = lambda: {**{k: 0.0 for k in keys + ["flops", "bytes"]}, "cells": 0,
+                  "hours": {d: {"compute_bound_h": 0.0, "roofline_h": 0.0} for d in DEVICES}}
+  out, invalid = {"total": zero()}, []
+  for cell in cells:
+    try:
+      cost = cell_cost(cell.config, step_cost, fwd_cost)
+    except ValueError as e:
+      invalid.append(f"cell {cell.index} ({cell.label()}): {e}")
+      continue
+    hours = device_hours(cost["flops"], cost["bytes"])
+    for group in ("total", cell.config.model.family):
+      agg = out.setdefault(group, zero())
+      for k in keys + ["flops", "bytes"]:
+        agg[k] += cost[k]
+      agg["cells"] += 1
+      for d, h in hours.items():
+        for k, v in h.items():
+          agg["hours"][d][k] += v
+  out["invalid"] = invalid
   return out
 
 
@@ -366,14 +389,19 @@ def main(argv=None) -> dict:
         out["grid"][variant] = {"error": str(e)}
         continue
       g = grid_cost(cells, step_cost, fwd_cost)
-      hours = device_hours(g["flops"], g["bytes"])
-      out["grid"][variant] = {**g, "device_hours": hours}
-      share = {p: g[f"{p}_flops"] / g["flops"] for p in ("train", "eval", "audit")}
-      print(f"  {variant:<11} {g['cells']:>4} cells: {g['flops'] / 1e18:.3f} EFLOP, "
-            f"{g['bytes'] / 1e18:.3f} EB accessed (train {share['train']:.1%}, eval "
-            f"{share['eval']:.1%}, audits {share['audit']:.1%}); " + "; ".join(
-                f"{k}: {v['roofline_h']:,.0f} h roofline ({v['compute_bound_h']:,.1f} h "
-                f"FLOPs only)" for k, v in hours.items()), flush=True)
+      out["grid"][variant] = g
+      print(f"  {variant}: {len(cells)} cells"
+            + (f", {len(g['invalid'])} rejected by validation, e.g. {g['invalid'][0]}"
+               if g["invalid"] else ""))
+      for group in [k for k in g if k not in ("invalid",)]:
+        r = g[group]
+        if not r["cells"]:
+          continue
+        share = "/".join(f"{r[f'{p}_flops'] / r['flops']:.1%}" for p in ("train", "eval", "audit"))
+        print(f"    {group:<12} {r['cells']:>4} cells {r['flops'] / 1e18:8.3f} EFLOP "
+              f"{r['bytes'] / 1e18:8.3f} EB (train/eval/audit FLOPs {share}); " + "; ".join(
+                  f"{d}: {h['roofline_h']:,.0f} h roofline, {h['compute_bound_h']:,.1f} h "
+                  f"FLOPs only" for d, h in r["hours"].items()), flush=True)
   print("  (estimate: see the module docstring for what it leaves out)")
 
   print()
