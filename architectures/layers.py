@@ -23,13 +23,37 @@ NEG_INF = -1e9  # finite mask value: a fully masked row stays finite
 default_kernel_init = nn.initializers.lecun_normal()
 
 
+class LogicalParam(nn.LogicallyPartitioned):
+  """A logically partitioned parameter box that is safe under a current mesh.
+
+  flax's DenseGeneral calls its kernel initialiser with a flat 2-d shape and
+  reshapes the boxed value afterwards (`unbox()`, then `replace_boxed`); the
+  stock box would constrain the flat value with the full-rank names, which
+  fails under `jax.set_mesh`. This box applies its constraint only once the
+  value has the rank its names describe (the reshaped parameter).
+  """
+
+  def unbox(self, apply_constraint: bool = True):
+    if jnp.ndim(self.value) != len(self.names):
+      return self.value
+    return super().unbox(apply_constraint)
+
+
 def logical(init, axes: Sequence[str | None]):
   """An initializer whose parameter carries logical axis names `axes`."""
-  return nn.with_logical_partitioning(init, tuple(axes))
+  names = tuple(axes)
+
+  def wrapper(*args, **kwargs):
+    return LogicalParam(init(*args, **kwargs), names)
+  return wrapper
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
-  """Annotate an activation with logical axis names (no-op without rules)."""
+  """Annotate an activation with logical axis names.
+
+  Takes effect under a current mesh (`jax.set_mesh`) with logical axis rules
+  (`nn.logical_axis_rules`); a no-op without either.
+  """
   return nn.with_logical_constraint(x, tuple(axes))
 
 

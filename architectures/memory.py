@@ -2,12 +2,18 @@
 
 Shape legend (einsum letters):
   b batch, n context positions, t reader positions, e embed, d slot width (= h * k),
-  m passages, s slots per passage, p ports (= m * s), h heads, k head width.
+  m passages, l positions per passage (= n / m), q query positions,
+  s slots per passage, p ports (= m * s), h heads, k head width.
 
-Write (method `write`): a passage-wise encoder (self-attention restricted to
-each passage plus the query tokens, as in Fusion-in-Decoder) encodes the tokens; query-aware multi-head attention pooling
-writes passage m into slot (m, s), one softmax per head over the passage:
-  pooled[m,s,h] = Σ_{n∈m} α[m,s,h,n] W_v^h e_n,  slot = pooled + MLP(pooled).
+Passage layout: passage j occupies context positions [j l, (j + 1) l) (what
+ceu_jax.data's tasks produce; a shorter passage ends in PAD tokens, which are
+masked), so the context is a [b, m, l] block of passages.
+Write (method `write`): a passage-wise encoder (self-attention over the query
+tokens and one passage, as in Fusion-in-Decoder) encodes each [query; passage]
+block of length q + l on its own ([b m, q + l, e]: cost linear in n at fixed l);
+query-aware multi-head attention pooling writes passage m into slot (m, s), one
+softmax per head over the passage:
+  pooled[m,s,h] = Σ_{l} α[m,s,h,l] W_v^h e_{m,l},  slot = pooled + MLP(pooled).
 Read port (site `reader/block_{i}/retrieval`, method `read`), per head:
   h_f[b, t, p, h, :] = a[b, t, h, p] · W_o^{v,h} slot_p
   a = softmax_p(<q_{t,h}, W_k^h slot_p> / sqrt(k) + relevance_{p,h}), relevance the
@@ -17,7 +23,7 @@ Read port (site `reader/block_{i}/retrieval`, method `read`), per head:
 Port-restricted patching is exact (ports are separate summands of the output).
 Span restriction goes through the slot encoder and is approximate
 (`span_decomposition = 'approximate'`): Π_S h_f uses the slots re-encoded from
-pooled^S = Σ_{n∈m∩S} α W_v e_n (pooling and read weights of the same run kept),
+pooled^S = Σ_{l∈S} α W_v e (pooling and read weights of the same run kept),
 which is exact for S = all tokens and S = ∅ but not additive over S ∪ S̄
 because of the slot MLP.
 """
@@ -32,46 +38,88 @@ from architectures import layers
 from architectures.spec import ArchSpec
 
 
+def passage_len(context_len: int, num_passages: int) -> int:
+  """l = n / m; ValueError unless the context splits into m equal passage blocks."""
+  if num_passages < 1 or context_len % num_passages:
+    raise ValueError(f"memory_port needs context_len (= {context_len}) to be a multiple of "
+                     f"num_passages (= {num_passages}): passage j occupies positions "
+                     f"[j*n/m, (j+1)*n/m)")
+  return context_len // num_passages
+
+
+def check_passage_layout(passage_ids, num_passages: int) -> None:
+  """ValueError unless passage_ids [b, n] (concrete) is position // (n / m).
+
+  The encoder cannot check traced values (and init runs on placeholder ids);
+  every ceu_jax.data task writes this layout (tests/test_memory_blocked.py).
+  Inside a block, attention and pooling are still masked by passage_ids, so
+  off-layout ids never mix passages: a token whose id differs from its block's
+  index is left out of every slot.
+  """
+  n = passage_ids.shape[-1]
+  l = passage_len(n, num_passages)
+  want = np.arange(n) // l
+  bad = np.argwhere(np.asarray(passage_ids) != want[None])
+  if bad.size:
+    i, j = bad[0]
+    raise ValueError(f"passage_ids must be position // (context_len / num_passages) = "
+                     f"position // {l} (passage j at positions [j*{l}, (j+1)*{l}); shorter "
+                     f"passages end in PAD); got passage_ids[{i}, {j}] = "
+                     f"{int(np.asarray(passage_ids)[i, j])}, expected {int(want[j])}")
+
+
+def to_blocks(x: jax.Array, num_passages: int) -> jax.Array:
+  """[b, n, ...] -> [b, m, l, ...] (passage j = positions [j l, (j + 1) l))."""
+  b, n = x.shape[:2]
+  return x.reshape(b, num_passages, passage_len(n, num_passages), *x.shape[2:])
+
+
 class PassageEncoder(nn.Module):
   """Passage-wise self-attention encoder that also sees the query (as in Fusion-in-Decoder).
 
-  The encoder runs over [query; context] with a mask under which a context token
-  attends to its own passage and to the query tokens, and a query token only to
-  the query, so no information crosses passages: passage m's encoding depends
-  on (query, passage m) alone.
+  Each [query; passage j] block is encoded on its own: a context token attends
+  to the query tokens and its own passage, a query token only to the query, so
+  no information crosses passages: passage j's encoding depends on
+  (query, passage j) alone. Cost is m (q + l)^2, linear in n at fixed l.
   """
   spec: ArchSpec  # static sizes
 
   @nn.compact
   def __call__(self, embed: layers.Embed, query, context, passage_ids) -> dict:
     s = self.spec
-    n, nq = context.shape[1], query.shape[1]
+    (b, n), nq, m = context.shape, query.shape[1], s.num_passages
+    passage_len(n, m)                                                     # n % m == 0
     pos = layers.sinusoid_positions(n + nq, s.embed_dim).astype(s.compute_dtype)
     x = embed(context) + pos[None, :n]
     x = layers.LocalMixer(s.mixer_width, s.compute_dtype, name="local_mixer")(x, passage_ids)
     q_summary = layers.masked_mean(embed(query), query != 0)
     x = layers.QueryFilm(s.compute_dtype, name="query_film")(x, q_summary)
-    xq = embed(query) + pos[None, n:]
-    mask = self.passage_mask(query, context, passage_ids)
-    x = jnp.concatenate([xq.astype(x.dtype), x], axis=1)                # [b, q+n, e]
+    xq = (embed(query) + pos[None, n:]).astype(x.dtype)                 # [b,q,e]
+    blocks = to_blocks(x, m)                                              # [b,m,l,e]
+    e, l = blocks.shape[-1], blocks.shape[2]
+    xq = jnp.broadcast_to(xq[:, None], (b, m, nq, e))
+    x = jnp.concatenate([xq, blocks], axis=2).reshape(b * m, nq + l, e)  # [bm,q+l,e]
+    mask = self.block_mask(query, context, passage_ids, m)
     for i in range(s.enc_layers):
       x = layers.TransformerBlock(s.reader_heads, s.embed_dim // s.reader_heads,
                                   s.enc_mlp_dim, s.compute_dtype, name=f"block_{i}")(x, mask)
-    x = layers.RMSNorm(s.compute_dtype, name="norm_out")(x[:, nq:])
+    x = x.reshape(b, m, nq + l, e)[:, :, nq:].reshape(b, n, e)
+    x = layers.RMSNorm(s.compute_dtype, name="norm_out")(x)
     return {"encoded": layers.constrain(x, ("batch", "ctx", "embed")),
             "query_summary": q_summary, "passage_ids": passage_ids, "ctx_mask": context != 0}
 
   @staticmethod
-  def passage_mask(query, context, passage_ids) -> jax.Array:
-    """[b, 1, q+n, q+n]: context -> own passage and query; query -> query (PAD never)."""
-    nq = query.shape[1]
-    same = passage_ids[:, :, None] == passage_ids[:, None, :]              # [b,n,n]
-    q_ok, c_ok = query != 0, context != 0
-    ctx_rows = jnp.concatenate([jnp.broadcast_to(q_ok[:, None, :], same.shape[:2] + (nq,)),
-                                same & c_ok[:, None, :]], axis=2)        # [b,n,q+n]
-    q_rows = jnp.concatenate([jnp.broadcast_to(q_ok[:, None, :], q_ok.shape + (nq,)),
-                              jnp.zeros(q_ok.shape + (context.shape[1],), bool)], axis=2)
-    return jnp.concatenate([q_rows, ctx_rows], axis=1)[:, None]
+  def block_mask(query, context, passage_ids, num_passages: int) -> jax.Array:
+    """[b m, 1, q+l, q+l]: context -> query and own passage; query -> query (PAD never)."""
+    b, nq = query.shape
+    pid, c_ok = to_blocks(passage_ids, num_passages), to_blocks(context != 0, num_passages)
+    m, l = pid.shape[1:]
+    q_ok = jnp.broadcast_to((query != 0)[:, None, None, :], (b, m, l, nq))
+    ctx_rows = jnp.concatenate(
+        [q_ok, (pid[..., :, None] == pid[..., None, :]) & c_ok[..., None, :]], axis=3)
+    q_rows = jnp.concatenate([jnp.broadcast_to((query != 0)[:, None, None, :], (b, m, nq, nq)),
+                              jnp.zeros((b, m, nq, l), bool)], axis=3)
+    return jnp.concatenate([q_rows, ctx_rows], axis=2).reshape(b * m, 1, nq + l, nq + l)
 
 
 class MemoryPortRetrieval(nn.Module):
@@ -101,16 +149,16 @@ class MemoryPortRetrieval(nn.Module):
     return x.reshape(*x.shape[:-1], h, x.shape[-1] // h)
 
   def pooling(self, memory: dict) -> tuple[jax.Array, jax.Array]:
-    """Pooling weights α [b, m, s, h, n] (softmax over passage m) and log-partitions [b, m, s, h]."""
-    e = memory["encoded"].astype(jnp.float32)
+    """Pooling weights α [b, m, s, h, l] (softmax over passage m) and log-partitions [b, m, s, h]."""
+    m = self.spec.num_passages
+    e = to_blocks(memory["encoded"].astype(jnp.float32), m)               # [b,m,l,e]
     q_summary = self.pool_norm(memory["query_summary"])
     q = self._heads(self.pool_q(q_summary)[:, None, :] + self.slot_query[None])
-    k = self._heads(self.pool_k(e))                                       # [b,n,h,k]
-    logits = jnp.einsum("bshk,bnhk->bshn", q, k) / np.sqrt(k.shape[-1])
-    in_passage = (memory["passage_ids"][:, None, :]
-                  == jnp.arange(self.spec.num_passages)[None, :, None])  # [b,m,n]
-    ok = (in_passage & memory["ctx_mask"][:, None, :])[:, :, None, None, :]
-    logits = jnp.where(ok, logits[:, None], layers.NEG_INF)              # [b,m,s,h,n]
+    k = self._heads(self.pool_k(e))                                       # [b,m,l,h,k]
+    logits = jnp.einsum("bshk,bmlhk->bmshl", q, k) / np.sqrt(k.shape[-1])
+    ok = ((to_blocks(memory["passage_ids"], m) == jnp.arange(m)[None, :, None])
+          & to_blocks(memory["ctx_mask"], m))[:, :, None, None, :]      # [b,m,1,1,l]
+    logits = jnp.where(ok, logits, layers.NEG_INF)                        # [b,m,s,h,l]
     lse = jax.nn.logsumexp(logits, axis=-1)
     return jax.nn.softmax(logits, axis=-1) * ok, lse
 
@@ -119,13 +167,14 @@ class MemoryPortRetrieval(nn.Module):
     return self._slots(memory, self.pooling(memory)[0], span_mask)
 
   def _slots(self, memory: dict, alpha: jax.Array, span_mask: jax.Array | None) -> jax.Array:
-    """Slots [b, p, d] from pooling weights α [b, m, s, h, n] (restricted to S if given)."""
-    v = self._heads(self.pool_v(memory["encoded"].astype(jnp.float32)))  # [b,n,h,k]
-    present = jnp.ones(alpha.shape[:3], jnp.float32)
+    """Slots [b, p, d] from pooling weights α [b, m, s, h, l] (restricted to S if given)."""
+    m = self.spec.num_passages
+    v = self._heads(self.pool_v(to_blocks(memory["encoded"].astype(jnp.float32), m)))
+    present = jnp.ones(alpha.shape[:3], jnp.float32)                      # v [b,m,l,h,k]
     if span_mask is not None:
-      alpha = alpha * span_mask.astype(jnp.float32)[:, None, None, None, :]
+      alpha = alpha * to_blocks(span_mask.astype(jnp.float32), m)[:, :, None, None, :]
       present = (alpha.sum((-2, -1)) > 0).astype(jnp.float32)
-    pooled = jnp.einsum("bmshn,bnhk->bmshk", alpha, v)
+    pooled = jnp.einsum("bmshl,bmlhk->bmshk", alpha, v)
     pooled = pooled.reshape(*pooled.shape[:3], -1)                        # [b,m,s,d]
     slots = (pooled + self.slot_mlp(pooled)) * present[..., None]
     b, m, s, d = slots.shape

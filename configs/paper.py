@@ -8,11 +8,12 @@ Aggregate once every shard has finished:
 Cells: 3 architectures x 3 η x 3 δ x 2 n x 6 regulariser settings x 3 seeds = 972
 cells, plus a k ablation (3 architectures x k ∈ {1, 2, 3} x 3 seeds = 27 cells via
 `configs/paper.py:k_ablation`) and a granularity ablation (`:granularity`).
-Expected cost: a cell costs num_steps x (step time) plus its audits; CER cells
-cost about (2 + k)/1 of a baseline cell's forward work per example (SPEC §4). The
-README's "Paper grid cost" section gives the per-step times measured by
-`benchmarks/train_bench.py` and the resulting estimate. Trim a first pass with
-seeds = (0,) (÷3) or one n (÷2).
+Expected cost (an estimate): `python -m benchmarks.scale_bench` compiles every
+distinct train step of this grid and reads XLA's cost analysis (FLOPs and bytes
+accessed per step; a CER step with k = 2 costs 3.4-4.1x a plain one), adds the
+periodic evaluations and audits, and prints device-hours for an H100 and a TPU
+v5e at an assumed 30% utilisation; the README's "Paper grid cost" section gives
+its numbers. Trim a first pass with seeds = (0,) (÷3) or one n (÷2).
 """
 from __future__ import annotations
 

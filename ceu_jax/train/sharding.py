@@ -9,7 +9,6 @@ partitioned) initialiser, so no array is ever materialised unsharded.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from typing import Any, Callable, Sequence
@@ -137,9 +136,9 @@ def init_sharded(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, shardin
                  mesh: Mesh, axis_rules: Sequence[tuple[str, Any]]) -> Any:
   """The unboxed state, computed directly in its sharded layout.
 
-  Traced without a current mesh: the layout comes from `out_shardings` (flax's
-  DenseGeneral constrains its flat kernel with the full-rank names during init,
-  which fails under a mesh).
+  Traced without a current mesh: the layout comes from `out_shardings` (so
+  models whose parameter boxes are not mesh-safe, e.g. test toys using flax's
+  stock `with_logical_partitioning` in a DenseGeneral, still initialise).
   """
   del mesh, axis_rules
   init = jax.jit(lambda r: nn.meta.unbox(boxed_init(r)), out_shardings=shardings)
@@ -147,13 +146,12 @@ def init_sharded(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, shardin
 
 
 def mesh_context(mesh: Mesh):
-  """The context under which the model is traced.
+  """The context under which the model is traced: `jax.set_mesh(mesh)`.
 
-  Not `jax.set_mesh(mesh)`: with a current mesh, flax 0.12's DenseGeneral
-  checks a parameter's shape by tracing its initialiser, which constrains the
-  flat kernel with the full-rank logical names and fails. Without it the
-  activation constraints are inert and the layout follows from the sharded
-  parameters and batch (jit in/out shardings), which GSPMD propagates.
+  With the mesh current (and `nn.logical_axis_rules` entered by the caller) the
+  model's activation constraints (`architectures.layers.constrain`) take
+  effect. Parameters use `architectures.layers.LogicalParam`, whose constraint
+  waits for the full-rank value, so flax's DenseGeneral (which boxes a flat
+  kernel first) traces under the mesh.
   """
-  del mesh
-  return contextlib.nullcontext()
+  return jax.set_mesh(mesh)
