@@ -134,7 +134,7 @@ def test_cached_logits_match_full_forward(small):
   for i, r in enumerate(rows):
     tokens[i, p - len(r) + c:], valid[i, p - len(r) + c:] = r[c:], True
   state, first, l0 = D.prefill(params, config, pk, pv, tokens, valid, 8, with_logits=True)
-  state, new, ls = D.decode_chunk(params, config, state, 8, with_logits=True)
+  state, new, ls = D.decode_chunk(params, config, pk, pv, state, 8, with_logits=True)
   gen = np.concatenate([np.asarray(first)[:, None], np.asarray(new)], axis=1)  # [B, 9]
   got = np.concatenate([np.asarray(l0)[:, None], np.asarray(ls)], axis=1)  # [B, 9, V]
   for i, r in enumerate(rows):

@@ -6,23 +6,24 @@ body) and nothing goes through linen. The reference is the uncached
 `patching.greedy_generate` (full forward per token); the tests check token
 equality against it.
 
-Cache layout along the slot axis S = C + P + N of one batch:
+Keys and values a batch attends to:
 
-    [ shared prefix (C slots, the same for every row) | prompt (P slots, left-padded) | fed tokens (N slots) ]
+    shared prefix [L, C, K, Dh]      computed once (`prefix_cache`), stored once, seen by every row
+    row cache     [L, B, S, K, Dh]   S = P + N slots: the prompt (P, left-padded), then the N fed tokens
 
 RoPE positions come from the valid tokens only (as `model.positions_from_valid`
 does): the shared prefix has positions 0..C-1, the j-th real prompt token of a
 row C + j, and its t-th generated token C + len + t, whatever the padding.
-Attention masks pads and slots not yet written, so slot order never matters
-(attention is a sum over keys).
+Attention masks pads and slots not yet written; one softmax spans the three key
+sets (prefix, row cache, new tokens), so the split changes nothing but speed.
 
 Compilation: `prefill` once per (B, C, P, N), `decode_chunk` once per
-(B, S, chunk), `prefix_cache` once per C. The host driver (`Decoder`) pads
+(B, C, S, chunk), `prefix_cache` once per C. The host driver (`Decoder`) pads
 batches to a few batch sizes and lengths to buckets, so calls with other prompts
 of similar lengths reuse the compiled programs.
 
 Shape legend: B batch, C shared-prefix length, P prompt bucket, N fed-token
-slots, S = C + P + N cache slots, T tokens fed in one call, n answer tail,
+slots, S = P + N row-cache slots, T tokens fed in one call, n answer tail,
 L layers, E width, Hq query heads, K KV heads, G = Hq / K, Dh head dim,
 V vocabulary.
 """
@@ -59,26 +60,31 @@ def stack_params(variables: dict, config: SmolLMConfig) -> dict:
 # ----------------------------------------------------------------------------
 
 
-def _attend(q, ctx_k, ctx_v, ctx_mask, k, v, self_mask):
-  """Attention of q [B,T,Hq,Dh] over cached keys [B,S,K,Dh] (ctx_mask [B,S]) and the
-  T new keys [B,T,K,Dh] (self_mask [B,T,T]); the softmax of `model.attention_weights`
-  over both key sets at once. Returns [B,T,Hq,Dh]."""
+def _attend(q, pre_k, pre_v, ctx_k, ctx_v, ctx_mask, k, v, self_mask):
+  """Attention of q [B,T,Hq,Dh] over three key sets at once (one softmax, as in
+  `model.attention_weights`): the shared prefix pre_k/pre_v [C,K,Dh] (visible to
+  every row, stored once), the row cache ctx_k/ctx_v [B,S,K,Dh] where ctx_mask
+  [B,S], and the T new keys k/v [B,T,K,Dh] where self_mask [B,T,T]. Returns [B,T,Hq,Dh]."""
   b, t, hq, dh = q.shape
   kv = k.shape[-2]
-  s_len = ctx_k.shape[1]
+  c, s_len = pre_k.shape[0], ctx_k.shape[1]
   qg = M._f32(q.reshape(b, t, kv, hq // kv, dh))
+  s_pre = jnp.einsum('btkgd,ckd->bkgtc', qg, pre_k.astype(qg.dtype))
   s_ctx = jnp.einsum('btkgd,bskd->bkgts', qg, ctx_k.astype(qg.dtype))
   s_new = jnp.einsum('btkgd,bskd->bkgts', qg, k.astype(qg.dtype))
-  s = jnp.concatenate([s_ctx, s_new], axis=-1) * (dh ** -0.5)
-  m = jnp.concatenate([jnp.broadcast_to(ctx_mask[:, None, :], (b, t, s_len)), self_mask],
-                      axis=-1)[:, None, None]  # [B, 1, 1, T, S + T]
+  s = jnp.concatenate([s_pre, s_ctx, s_new], axis=-1) * (dh ** -0.5)
+  m = jnp.concatenate([jnp.ones((b, t, c), bool),
+                       jnp.broadcast_to(ctx_mask[:, None, :], (b, t, s_len)), self_mask],
+                      axis=-1)[:, None, None]  # [B, 1, 1, T, C + S + T]
   a = jax.nn.softmax(jnp.where(m, s, M.NEG_INF), axis=-1) * m
-  out = (jnp.einsum('bkgts,bskd->btkgd', a[..., :s_len], ctx_v.astype(a.dtype))
-         + jnp.einsum('bkgts,bskd->btkgd', a[..., s_len:], v.astype(a.dtype)))
+  out = (jnp.einsum('bkgtc,ckd->btkgd', a[..., :c], pre_v.astype(a.dtype))
+         + jnp.einsum('bkgts,bskd->btkgd', a[..., c:c + s_len], ctx_v.astype(a.dtype))
+         + jnp.einsum('bkgts,bskd->btkgd', a[..., c + s_len:], v.astype(a.dtype)))
   return out.reshape(b, t, hq, dh)
 
 
-def _layer(p: dict, c: SmolLMConfig, x, positions, ctx_k, ctx_v, ctx_mask, self_mask):
+def _layer(p: dict, c: SmolLMConfig, x, positions, pre_k, pre_v, ctx_k, ctx_v, ctx_mask,
+           self_mask):
   """One decoder layer on the T new tokens x [B,T,E]; returns (x', k [B,T,K,Dh], v)."""
   pa = p['attn']
   b, t, _ = x.shape
@@ -88,7 +94,7 @@ def _layer(p: dict, c: SmolLMConfig, x, positions, ctx_k, ctx_v, ctx_mask, self_
   v = (xn @ pa['v_proj']['kernel']).reshape(b, t, c.n_kv_heads, c.head_dim)
   q = M.apply_rope(q, positions, c.rope_base)
   k = M.apply_rope(k, positions, c.rope_base)
-  h = _attend(q, ctx_k, ctx_v, ctx_mask, k, v, self_mask)
+  h = _attend(q, pre_k, pre_v, ctx_k, ctx_v, ctx_mask, k, v, self_mask)
   x = x + h.reshape(b, t, -1) @ pa['o_proj']['kernel']
   pm = p['mlp']
   xn = M.rms_norm(x, p['mlp_norm']['scale'], c.norm_eps)
@@ -97,91 +103,96 @@ def _layer(p: dict, c: SmolLMConfig, x, positions, ctx_k, ctx_v, ctx_mask, self_
   return x, k, v
 
 
-def forward(params: dict, config: SmolLMConfig, tokens, positions, valid, ctx_k, ctx_v,
-            ctx_mask, n_logits: int = 1):
-  """Run T new tokens [B,T] (RoPE `positions` [B,T], `valid` [B,T]) after a cache.
+def empty_cache(config: SmolLMConfig, batch: Optional[int] = None):
+  """A zero-length prefix [L, 0, K, Dh] (batch None) or row cache [L, B, 0, K, Dh]."""
+  lead = (config.n_layers,) if batch is None else (config.n_layers, batch)
+  return jnp.zeros(lead + (0, config.n_kv_heads, config.head_dim), config.dtype)
 
-  ctx_k/ctx_v [L,B,S,K,Dh] are the cached keys/values the new tokens may attend
-  to where ctx_mask [B,S] is True (S may be 0). Returns (logits [B, n_logits, V]
-  of the last n_logits new positions, k [L,B,T,K,Dh], v [L,B,T,K,Dh]).
+
+def forward(params: dict, config: SmolLMConfig, tokens, positions, valid, pre_k, pre_v,
+            ctx_k, ctx_v, ctx_mask, n_logits: int = 1):
+  """Run T new tokens [B,T] (RoPE `positions` [B,T], `valid` [B,T]) after cached ones.
+
+  pre_k/pre_v [L,C,K,Dh]: a shared prefix every row attends to; ctx_k/ctx_v
+  [L,B,S,K,Dh]: per-row cached keys/values, visible where ctx_mask [B,S] (C and
+  S may be 0). Returns (logits [B, n_logits, V] of the last n_logits new
+  positions, k [L,B,T,K,Dh], v [L,B,T,K,Dh]).
   """
   t = tokens.shape[1]
   self_mask = M.causal_mask(valid)
   x = params['embed'][tokens].astype(config.dtype)
 
   def body(x, xs):
-    p, ck, cv = xs
-    x, k, v = _layer(p, config, x, positions, ck, cv, ctx_mask, self_mask)
+    p, pk, pv, ck, cv = xs
+    x, k, v = _layer(p, config, x, positions, pk, pv, ck, cv, ctx_mask, self_mask)
     return x, (k, v)
 
-  x, (k, v) = jax.lax.scan(body, x, (params['layers'], ctx_k, ctx_v))
+  x, (k, v) = jax.lax.scan(body, x, (params['layers'], pre_k, pre_v, ctx_k, ctx_v))
   x = M.rms_norm(x[:, t - n_logits:], params['norm'], config.norm_eps)
   return x @ params['embed'].T, k, v
 
 
 @struct.dataclass
 class DecodeState:
-  """Everything a decode step reads and writes (one batch)."""
-  k: jax.Array  # [L, B, S, K, Dh] cached rotated keys
+  """Everything a decode step reads and writes (one batch; the shared prefix is separate)."""
+  k: jax.Array  # [L, B, S, K, Dh] cached rotated keys (S = P + N row slots)
   v: jax.Array  # [L, B, S, K, Dh] cached values
   filled: jax.Array  # [B, S] bool: slot holds a real token
   token: jax.Array  # [B] int32: last generated token (fed at the next step)
   pos: jax.Array  # [B] int32: its RoPE position
-  slot: jax.Array  # [] int32: the slot it is written to
+  slot: jax.Array  # [] int32: the row slot it is written to
 
 
 @functools.partial(jax.jit, static_argnames=('config',))
 def prefix_cache(params: dict, config: SmolLMConfig, tokens: jax.Array):
-  """Keys/values [L, 1, C, K, Dh] of a shared prefix tokens [1, C] (positions 0..C-1)."""
+  """Keys/values [L, C, K, Dh] of a shared prefix tokens [1, C] (positions 0..C-1)."""
   c = tokens.shape[1]
-  empty = jnp.zeros((config.n_layers, 1, 0, config.n_kv_heads, config.head_dim), config.dtype)
+  e0, e1 = empty_cache(config), empty_cache(config, 1)
   _, k, v = forward(params, config, tokens, jnp.arange(c)[None], jnp.ones((1, c), bool),
-                    empty, empty, jnp.zeros((1, 0), bool))
-  return k, v
+                    e0, e0, e1, e1, jnp.zeros((1, 0), bool))
+  return k[:, 0], v[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=('config', 'n_slots', 'with_logits'))
 def prefill(params: dict, config: SmolLMConfig, prefix_k: jax.Array, prefix_v: jax.Array,
             tokens: jax.Array, valid: jax.Array, n_slots: int, with_logits: bool = False):
-  """Prompts tokens/valid [B, P] (left-padded) after a shared prefix [L, 1, C, K, Dh].
+  """Prompts tokens/valid [B, P] (left-padded) after a shared prefix [L, C, K, Dh].
 
-  Returns (DecodeState with S = C + P + n_slots slots, first greedy token [B]),
+  Returns (DecodeState with S = P + n_slots row slots, first greedy token [B]),
   plus the last position's logits [B, V] when with_logits.
   """
-  n_l, _, c, kh, dh = prefix_k.shape
+  c = prefix_k.shape[1]
   b, p = tokens.shape
-  ctx_k = jnp.broadcast_to(prefix_k, (n_l, b, c, kh, dh))
-  ctx_v = jnp.broadcast_to(prefix_v, (n_l, b, c, kh, dh))
+  e = empty_cache(config, b)
   positions = c + M.positions_from_valid(valid)
-  logits, k, v = forward(params, config, tokens, positions, valid, ctx_k, ctx_v,
-                         jnp.ones((b, c), bool))
-  pad = jnp.zeros((n_l, b, n_slots, kh, dh), k.dtype)
+  logits, k, v = forward(params, config, tokens, positions, valid, prefix_k, prefix_v, e, e,
+                         jnp.zeros((b, 0), bool))
+  pad = jnp.zeros(k.shape[:2] + (n_slots,) + k.shape[3:], k.dtype)
   first = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
   state = DecodeState(
-      k=jnp.concatenate([ctx_k.astype(k.dtype), k, pad], axis=2),
-      v=jnp.concatenate([ctx_v.astype(v.dtype), v, pad], axis=2),
-      filled=jnp.concatenate([jnp.ones((b, c), bool), valid.astype(bool),
-                              jnp.zeros((b, n_slots), bool)], axis=1),
-      token=first, pos=(c + valid.sum(-1)).astype(jnp.int32),
-      slot=jnp.asarray(c + p, jnp.int32))
+      k=jnp.concatenate([k, pad], axis=2), v=jnp.concatenate([v, pad], axis=2),
+      filled=jnp.concatenate([valid.astype(bool), jnp.zeros((b, n_slots), bool)], axis=1),
+      token=first, pos=(c + valid.sum(-1)).astype(jnp.int32), slot=jnp.asarray(p, jnp.int32))
   return (state, first, logits[:, -1]) if with_logits else (state, first)
 
 
 @functools.partial(jax.jit, static_argnames=('config', 'n_steps', 'with_logits'),
                    donate_argnames=('state',))
-def decode_chunk(params: dict, config: SmolLMConfig, state: DecodeState, n_steps: int,
+def decode_chunk(params: dict, config: SmolLMConfig, prefix_k: jax.Array,
+                 prefix_v: jax.Array, state: DecodeState, n_steps: int,
                  with_logits: bool = False):
   """n_steps greedy steps: feed `state.token`, write its k/v, take the argmax.
 
-  Returns (new state, generated tokens [B, n_steps]), plus the logits [B,
-  n_steps, V] of every step when with_logits. The caller guarantees
+  prefix_k/prefix_v [L, C, K, Dh]: the shared prefix the batch was prefilled
+  after. Returns (new state, generated tokens [B, n_steps]), plus the logits
+  [B, n_steps, V] of every step when with_logits. The caller guarantees
   state.slot + n_steps <= S (the cache never wraps).
   """
   b = state.token.shape[0]
 
   def step(st: DecodeState, _):
     logits, k, v = forward(params, config, st.token[:, None], st.pos[:, None],
-                           jnp.ones((b, 1), bool), st.k, st.v, st.filled)
+                           jnp.ones((b, 1), bool), prefix_k, prefix_v, st.k, st.v, st.filled)
     at = (0, 0, st.slot, 0, 0)
     nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
     st = st.replace(k=jax.lax.dynamic_update_slice(st.k, k.astype(st.k.dtype), at),
@@ -205,10 +216,10 @@ def tail_loglik(params: dict, config: SmolLMConfig, tokens: jax.Array, valid: ja
   counted where answer_mask is True (the answer must lie in the last n_tail positions).
   """
   b, t = tokens.shape
-  empty = jnp.zeros((config.n_layers, b, 0, config.n_kv_heads, config.head_dim), config.dtype)
+  e0, e1 = empty_cache(config), empty_cache(config, b)
   vin = valid[:, :-1]
   logits, _, _ = forward(params, config, tokens[:, :-1], M.positions_from_valid(vin), vin,
-                         empty, empty, jnp.zeros((b, 0), bool), n_logits=n_tail)
+                         e0, e0, e1, e1, jnp.zeros((b, 0), bool), n_logits=n_tail)
   logp = jax.nn.log_softmax(M._f32(logits), axis=-1)
   tgt = tokens[:, t - n_tail:]
   tok = jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
@@ -300,17 +311,15 @@ class Decoder:
 
   # -- shared prefix --------------------------------------------------------
   def prefix_kv(self, ids: Sequence[int]):
-    """Keys/values [L, 1, C, K, Dh] of a shared prefix, memoised (LRU) by its ids."""
+    """Keys/values [L, C, K, Dh] of a shared prefix, memoised (LRU) by its ids."""
     key = tuple(int(i) for i in ids)
     if key in self._prefixes:
       self._prefixes.move_to_end(key)
       return self._prefixes[key]
-    c = self.config
     if not key:
-      e = jnp.zeros((c.n_layers, 1, 0, c.n_kv_heads, c.head_dim), c.dtype)
-      kv = (e, e)
+      kv = (empty_cache(self.config), empty_cache(self.config))
     else:
-      kv = prefix_cache(self.params, c, jnp.asarray([key], jnp.int32))
+      kv = prefix_cache(self.params, self.config, np.asarray([key], np.int32))
     self._prefixes[key] = kv
     while len(self._prefixes) > self.settings.prefix_cache_size:
       self._prefixes.popitem(last=False)
@@ -390,7 +399,7 @@ class Decoder:
     while any(d is None for d in done):
       if fed + s.chunk > n_slots:
         raise AssertionError(f'cache overflow: {fed} + {s.chunk} > {n_slots} slots')
-      state, new = decode_chunk(self.params, self.config, state, s.chunk)
+      state, new = decode_chunk(self.params, self.config, pk, pv, state, s.chunk)
       fed += s.chunk
       take(np.asarray(new))
     return done
