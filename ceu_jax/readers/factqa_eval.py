@@ -8,8 +8,14 @@ those whose open-book prompt is longer than `config.max_prompt_tokens` tokens:
 nothing is truncated. Conditions per item:
   open_book   — the gold passage (all its sentences) and the question;
   closed_book — the question alone.
-The reader answers greedily (stop at a newline or the end-of-turn token); the
-prediction is its text up to the first newline. Scores per item (SQuAD v1.1
+Each prompt starts with `config.n_shots` solved demonstrations in the same
+condition (examples of `config.shot_split` with short passages, alternating NQ
+and SQuAD, in the seeded order): in chat mode earlier user / assistant turns of
+a ChatML conversation, in plain mode "… Answer: <gold>" blocks. They show the
+expected short-answer format, and as the common start of every prompt they are
+computed once (the decoder's shared-prefix cache). The reader answers greedily
+(stop at a newline or the end-of-turn token); the prediction is its text up to
+the first newline. Scores per item (SQuAD v1.1
 normalisation, `metrics.text`): EM, token F1, and `copied` = the normalised
 prediction is non-empty and occurs in the normalised gold passage (for both
 conditions: the closed-book rate is the chance-overlap baseline).
@@ -53,13 +59,46 @@ def passage_text(passage: dict) -> str:
   return ' '.join(passage['sentences'])
 
 
-def make_prompt(config: Any, question: str, context: Optional[str]) -> str:
-  """The user message / plain prompt of one item (context None: closed book)."""
+def item_text(config: Any, question: str, context: Optional[str]) -> str:
+  """One question as the user states it (context None: closed book)."""
   q = question.strip()
   q = q[0].upper() + q[1:] if q else q
   q = q if q.endswith('?') else q + '?'
   body = f'Question: {q}' if context is None else f'Context: {context}\n\nQuestion: {q}'
   return f'{body}\n{config.instruction}' if config.instruction else body
+
+
+def make_prompt(config: Any, shots: Sequence[dict], question: str,
+                context: Optional[str]) -> Any:
+  """The whole prompt of one item: demonstrations, then the question (module doc).
+
+  Chat mode: a list of (role, content) messages; plain mode: a string.
+  """
+  open_book = context is not None
+  demos = [(item_text(config, s['question'], s['context'] if open_book else None),
+            s['answer']) for s in shots]
+  last = item_text(config, question, context)
+  if config.chat:
+    msgs = [m for user, answer in demos for m in (('user', user), ('assistant', answer))]
+    return msgs + [('user', last)]
+  return ''.join(f'{user}\nAnswer: {answer}\n\n' for user, answer in demos) + f'{last}\nAnswer:'
+
+
+def select_shots(config: Any) -> list[dict]:
+  """config.n_shots demonstrations (module doc)."""
+  from ceu_jax.data.factqa import storage
+  passages = storage.read_passages()
+  pool = sorted((e for e in storage.read_examples() if e['split'] == config.shot_split),
+                key=lambda e: order_key(config.seed, e['id']))
+  by_source = {src: [] for src in SOURCES}
+  for e in pool:
+    ctx = passage_text(passages[e['passage_id']])
+    words = len(ctx.split())
+    if (config.shot_min_words <= words <= config.shot_max_words
+        and len(by_source[e['source']]) < config.n_shots):
+      by_source[e['source']].append({'id': e['id'], 'question': e['question'],
+                                     'answer': e['answer'], 'context': ctx})
+  return [by_source[SOURCES[i % 2]][i // 2] for i in range(config.n_shots)]
 
 
 def prediction_of(text: str) -> str:
@@ -72,7 +111,7 @@ def copied_from(prediction: str, context: str) -> bool:
   return bool(p) and f' {p} ' in f' {normalize_answer(context)} '
 
 
-def select_items(config: Any, count_tokens: Callable[[str], int]) -> dict:
+def select_items(config: Any, shots: Sequence[dict], count_tokens: Callable[[Any], int]) -> dict:
   """{'items': {source: [example dicts + 'context']}, 'skipped': [...]} (module doc)."""
   from ceu_jax.data.factqa import storage
   examples = [e for e in storage.read_examples() if e['split'] == config.split]
@@ -86,7 +125,9 @@ def select_items(config: Any, count_tokens: Callable[[str], int]) -> dict:
       if len(chosen) >= config.n_per_source:
         break
       ctx = passage_text(passages[e['passage_id']])
-      n = count_tokens(make_prompt(config, e['question'], ctx))
+      if e['id'] in {s['id'] for s in shots}:
+        continue
+      n = count_tokens(make_prompt(config, shots, e['question'], ctx))
       if n > config.max_prompt_tokens:
         skipped.append({'id': e['id'], 'tokens': n})
         continue
@@ -99,8 +140,9 @@ def select_items(config: Any, count_tokens: Callable[[str], int]) -> dict:
   return {'items': out, 'skipped': skipped}
 
 
-def _chunk_rows(reader: Reader, config: Any, items: Sequence[dict], condition: str) -> list:
-  prompts = [make_prompt(config, it['question'],
+def _chunk_rows(reader: Reader, config: Any, shots: Sequence[dict], items: Sequence[dict],
+                condition: str) -> list:
+  prompts = [make_prompt(config, shots, it['question'],
                          it['context'] if condition == 'open_book' else None) for it in items]
   gens = reader.generate(prompts, max_new_tokens=config.max_new_tokens, stop=['\n'],
                          ids=[it['id'] for it in items])
@@ -171,9 +213,11 @@ def run_reader_eval(config: Any, workdir: str, reader: Optional[Reader] = None,
   if os.path.exists(plan_path):
     plan = io.read_json(plan_path)
   else:
-    count = (lambda text: len(reader.prompt_ids(text))) if hasattr(reader, 'prompt_ids') \
-        else (lambda text: len(text.split()))
-    plan = select_items(config, count)
+    count = (lambda prompt: len(reader.prompt_ids(prompt))) if hasattr(reader, 'prompt_ids') \
+        else (lambda prompt: len(str(prompt).split()))
+    shots = select_shots(config)
+    plan = select_items(config, shots, count)
+    plan['shots'] = shots
     plan['config'] = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     io.write_json_atomic(plan_path, plan)
   rows, t0, done_chunks = [], time.time(), 0
@@ -186,7 +230,8 @@ def run_reader_eval(config: Any, workdir: str, reader: Optional[Reader] = None,
         if os.path.exists(path):
           part = io.read_json(path)
         else:
-          part = _chunk_rows(reader, config, items[k:k + config.chunk_size], cond)
+          part = _chunk_rows(reader, config, plan['shots'], items[k:k + config.chunk_size],
+                             cond)
           io.write_json_atomic(path, part)
         rows += part
         done_chunks += 1
