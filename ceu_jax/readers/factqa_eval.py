@@ -1,0 +1,247 @@
+"""A reader on the shipped factual-QA data: EM / token F1, open book vs closed book.
+
+  python -m experiments.reader_eval --config configs/reader_eval.py --workdir runs/reader_eval
+
+Items: the first `n_per_source` Natural Questions and SQuAD examples of
+`config.split` in a seeded order (`order_key`), skipping (and listing by id)
+those whose open-book prompt is longer than `config.max_prompt_tokens` tokens:
+nothing is truncated. Conditions per item:
+  open_book   — the gold passage (all its sentences) and the question;
+  closed_book — the question alone.
+Each prompt starts with `config.n_shots` solved demonstrations in the same
+condition (examples of `config.shot_split` with short passages, alternating NQ
+and SQuAD, in the seeded order): in chat mode earlier user / assistant turns of
+a ChatML conversation, in plain mode "… Answer: <gold>" blocks. They show the
+expected short-answer format, and as the common start of every prompt they are
+computed once (the decoder's shared-prefix cache). The reader answers greedily
+(stop at a newline or the end-of-turn token); the prediction is its text up to
+the first newline. Scores per item (SQuAD v1.1
+normalisation, `metrics.text`): EM, token F1, and `copied` = the normalised
+prediction is non-empty and occurs in the normalised gold passage (for both
+conditions: the closed-book rate is the chance-overlap baseline).
+
+Outputs in the workdir (atomic writes; a rerun skips finished chunks):
+  plan.json               the selected ids and the skipped ones (with lengths)
+  chunks/{src}_{cond}_{k}.json   finished chunks of rows
+  rows.csv                one row per (item, condition)
+  summary.json            per (source, condition): EM, F1, copied, answered with 95% CIs and n
+  table.md                the summary as a markdown table
+"""
+from __future__ import annotations
+
+import csv
+import io as _io
+import os
+import time
+import zlib
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ceu_jax import io
+from ceu_jax.metrics.resampling import mean_ci
+from ceu_jax.metrics.text import exact_match, normalize_answer, token_f1
+from ceu_jax.readers.base import Reader
+
+CONDITIONS = ('open_book', 'closed_book')
+SOURCES = ('nq', 'squad')
+FIELDS = ('id', 'source', 'condition', 'question', 'gold', 'prediction', 'em', 'f1', 'copied',
+          'stop_reason', 'prompt_tokens')
+METRICS = ('em', 'f1', 'copied', 'answered')
+
+
+def order_key(seed: int, example_id: str) -> int:
+  """Deterministic pseudo-random rank of an example (independent of file order)."""
+  return zlib.crc32(f'{seed}:{example_id}'.encode())
+
+
+def passage_text(passage: dict) -> str:
+  return ' '.join(passage['sentences'])
+
+
+def item_text(config: Any, question: str, context: Optional[str]) -> str:
+  """One question as the user states it (context None: closed book)."""
+  q = question.strip()
+  q = q[0].upper() + q[1:] if q else q
+  q = q if q.endswith('?') else q + '?'
+  body = f'Question: {q}' if context is None else f'Context: {context}\n\nQuestion: {q}'
+  return f'{body}\n{config.instruction}' if config.instruction else body
+
+
+def make_prompt(config: Any, shots: Sequence[dict], question: str,
+                context: Optional[str]) -> Any:
+  """The whole prompt of one item: demonstrations, then the question (module doc).
+
+  Chat mode: a list of (role, content) messages; plain mode: a string.
+  """
+  open_book = context is not None
+  demos = [(item_text(config, s['question'], s['context'] if open_book else None),
+            s['answer']) for s in shots]
+  last = item_text(config, question, context)
+  if config.chat:
+    msgs = [m for user, answer in demos for m in (('user', user), ('assistant', answer))]
+    return msgs + [('user', last)]
+  return ''.join(f'{user}\nAnswer: {answer}\n\n' for user, answer in demos) + f'{last}\nAnswer:'
+
+
+def select_shots(config: Any) -> list[dict]:
+  """config.n_shots demonstrations (module doc)."""
+  from ceu_jax.data.factqa import storage
+  passages = storage.read_passages()
+  pool = sorted((e for e in storage.read_examples() if e['split'] == config.shot_split),
+                key=lambda e: order_key(config.seed, e['id']))
+  by_source = {src: [] for src in SOURCES}
+  for e in pool:
+    ctx = passage_text(passages[e['passage_id']])
+    words = len(ctx.split())
+    if (config.shot_min_words <= words <= config.shot_max_words
+        and len(by_source[e['source']]) < config.n_shots):
+      by_source[e['source']].append({'id': e['id'], 'question': e['question'],
+                                     'answer': e['answer'], 'context': ctx})
+  return [by_source[SOURCES[i % 2]][i // 2] for i in range(config.n_shots)]
+
+
+def prediction_of(text: str) -> str:
+  """The answer: the generated text up to its first newline, stripped."""
+  return text.strip().split('\n')[0].strip()
+
+
+def copied_from(prediction: str, context: str) -> bool:
+  p = normalize_answer(prediction)
+  return bool(p) and f' {p} ' in f' {normalize_answer(context)} '
+
+
+def select_items(config: Any, shots: Sequence[dict], count_tokens: Callable[[Any], int]) -> dict:
+  """{'items': {source: [example dicts + 'context']}, 'skipped': [...]} (module doc)."""
+  from ceu_jax.data.factqa import storage
+  examples = [e for e in storage.read_examples() if e['split'] == config.split]
+  passages = storage.read_passages()
+  out, skipped = {}, []
+  for src in SOURCES:
+    pool = sorted((e for e in examples if e['source'] == src),
+                  key=lambda e: order_key(config.seed, e['id']))
+    chosen = []
+    for e in pool:
+      if len(chosen) >= config.n_per_source:
+        break
+      ctx = passage_text(passages[e['passage_id']])
+      if e['id'] in {s['id'] for s in shots}:
+        continue
+      n = count_tokens(make_prompt(config, shots, e['question'], ctx))
+      if n > config.max_prompt_tokens:
+        skipped.append({'id': e['id'], 'tokens': n})
+        continue
+      chosen.append({'id': e['id'], 'source': src, 'question': e['question'],
+                     'answer': e['answer'], 'context': ctx})
+    if len(chosen) < config.n_per_source:
+      raise ValueError(f'split {config.split!r} has only {len(chosen)} usable {src} items '
+                       f'(n_per_source={config.n_per_source})')
+    out[src] = chosen
+  return {'items': out, 'skipped': skipped}
+
+
+def _chunk_rows(reader: Reader, config: Any, shots: Sequence[dict], items: Sequence[dict],
+                condition: str) -> list:
+  prompts = [make_prompt(config, shots, it['question'],
+                         it['context'] if condition == 'open_book' else None) for it in items]
+  gens = reader.generate(prompts, max_new_tokens=config.max_new_tokens, stop=['\n'],
+                         ids=[it['id'] for it in items])
+  rows = []
+  for it, p, g in zip(items, prompts, gens):
+    pred = prediction_of(g.text)
+    rows.append({'id': it['id'], 'source': it['source'], 'condition': condition,
+                 'question': it['question'], 'gold': it['answer'], 'prediction': pred,
+                 'em': exact_match(pred, it['answer']), 'f1': token_f1(pred, it['answer']),
+                 'copied': float(copied_from(pred, it['context'])),
+                 'stop_reason': g.stop_reason,
+                 'prompt_tokens': len(reader.prompt_ids(p))
+                 if hasattr(reader, 'prompt_ids') else -1})
+  return rows
+
+
+def summarise(rows: Sequence[dict], config: Any) -> dict:
+  """Per (source, condition) and per condition over both sources: metric Aggregates."""
+  out = {}
+  groups = [(s, c) for s in SOURCES + ('all',) for c in CONDITIONS]
+  for src, cond in groups:
+    sel = [r for r in rows if r['condition'] == cond and (src == 'all' or r['source'] == src)]
+    vals = {'em': [r['em'] for r in sel], 'f1': [r['f1'] for r in sel],
+            'copied': [r['copied'] for r in sel],
+            'answered': [float(bool(normalize_answer(r['prediction']))) for r in sel]}
+    out[f'{src}/{cond}'] = {m: mean_ci(np.asarray(v, np.float64), seed=config.bootstrap_seed,
+                                       num_resamples=config.num_resamples).to_dict()
+                            for m, v in vals.items()}
+  return out
+
+
+def _fmt(a: dict) -> str:
+  if a['value'] is None:
+    return 'n/a'
+  return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+
+
+def markdown_table(summary: dict) -> str:
+  lines = ['| source | condition | n | EM | token F1 | copied from the passage | answered |',
+           '|---|---|---|---|---|---|---|']
+  for key, s in summary.items():
+    src, cond = key.split('/')
+    lines.append(f"| {src} | {cond.replace('_', ' ')} | {s['em']['n']} | {_fmt(s['em'])} | "
+                 f"{_fmt(s['f1'])} | {_fmt(s['copied'])} | {_fmt(s['answered'])} |")
+  return '\n'.join(lines) + '\n'
+
+
+def _write_csv(path: str, rows: Sequence[dict]) -> None:
+  buf = _io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=FIELDS)
+  w.writeheader()
+  for r in rows:
+    w.writerow({k: r[k] for k in FIELDS})
+  io.write_text_atomic(path, buf.getvalue())
+
+
+def run_reader_eval(config: Any, workdir: str, reader: Optional[Reader] = None,
+                    log: Callable[[str], None] = print) -> dict:
+  """Select items, answer them in chunks (resumable), write rows, summary and table."""
+  if reader is None:
+    from ceu_jax.pretrained.decode import DecodeSettings
+    from ceu_jax.readers.smollm2 import SmolLM2Reader
+    reader = SmolLM2Reader.from_pretrained(
+        config.gguf_path or None, n_layers=config.n_layers or None, chat=config.chat,
+        settings=DecodeSettings(batch_size=config.batch_size))
+  os.makedirs(os.path.join(workdir, 'chunks'), exist_ok=True)
+  plan_path = os.path.join(workdir, 'plan.json')
+  if os.path.exists(plan_path):
+    plan = io.read_json(plan_path)
+  else:
+    count = (lambda prompt: len(reader.prompt_ids(prompt))) if hasattr(reader, 'prompt_ids') \
+        else (lambda prompt: len(str(prompt).split()))
+    shots = select_shots(config)
+    plan = select_items(config, shots, count)
+    plan['shots'] = shots
+    plan['config'] = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+    io.write_json_atomic(plan_path, plan)
+  rows, t0, done_chunks = [], time.time(), 0
+  n_chunks = sum(-(-len(v) // config.chunk_size) for v in plan['items'].values()) * 2
+  for src in SOURCES:
+    items = plan['items'][src]
+    for cond in CONDITIONS:
+      for k in range(0, len(items), config.chunk_size):
+        path = os.path.join(workdir, 'chunks', f'{src}_{cond}_{k // config.chunk_size:04d}.json')
+        if os.path.exists(path):
+          part = io.read_json(path)
+        else:
+          part = _chunk_rows(reader, config, plan['shots'], items[k:k + config.chunk_size],
+                             cond)
+          io.write_json_atomic(path, part)
+        rows += part
+        done_chunks += 1
+        log(f'[{time.time() - t0:7.0f}s] {done_chunks}/{n_chunks} chunks '
+            f'({src} {cond} items {k}..{k + len(part) - 1})')
+  summary = {'groups': summarise(rows, config), 'n_items': {s: len(plan['items'][s])
+                                                            for s in SOURCES},
+             'skipped_too_long': plan['skipped'], 'split': config.split,
+             'max_prompt_tokens': config.max_prompt_tokens}
+  _write_csv(os.path.join(workdir, 'rows.csv'), rows)
+  io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
+  io.write_text_atomic(os.path.join(workdir, 'table.md'), markdown_table(summary['groups']))
+  return summary
