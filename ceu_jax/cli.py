@@ -1,0 +1,90 @@
+"""What every entry point in experiments/ shares: quiet logs and one-line errors.
+
+  app.run(cli.guard(main))
+
+- Third-party INFO logging (Orbax writes ~40 lines per checkpoint) is dropped;
+  this project's INFO lines and everyone's warnings stay. absl's own
+  `--verbosity=1` (also `-v 1`) shows everything.
+- Known errors — a bad config, an unusable workdir or checkpoint, bad data (the
+  project raises ValueError subclasses for these, e.g. `ceu_jax.workdir.WorkdirError`)
+  and missing files — end the program with one line on stderr and exit code 1;
+  `--verbosity=1` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import functools
+import logging as py_logging
+import os
+import sys
+from typing import Any, Callable
+
+from absl import flags, logging
+
+KNOWN_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                PermissionError)
+EXIT_ERROR = 1
+
+
+def _project_dirs() -> tuple[str, ...]:
+  import architectures  # pylint: disable=g-import-not-at-top
+  import ceu_jax  # pylint: disable=g-import-not-at-top
+  dirs = [os.path.dirname(os.path.abspath(m.__file__)) for m in (architectures, ceu_jax)]
+  root = os.path.dirname(dirs[1])
+  dirs += [os.path.join(root, d) for d in ("experiments", "configs", "benchmarks", "tests",
+                                           "scripts")]
+  return tuple(d + os.sep for d in dirs)
+
+
+class _ThirdPartyInfoFilter(py_logging.Filter):
+  """Drops records below WARNING whose source file is outside this project."""
+
+  def __init__(self):
+    super().__init__()
+    self.dirs = _project_dirs()
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    if record.levelno >= py_logging.WARNING:
+      return True
+    return os.path.abspath(record.pathname).startswith(self.dirs)
+
+
+def verbosity() -> int:
+  """absl's --verbosity (0 when flags are not parsed yet)."""
+  try:
+    return int(flags.FLAGS.verbosity)
+  except (AttributeError, flags.UnparsedFlagAccessError):
+    return 0
+
+
+def quiet_third_party_logs(level: int | None = None) -> None:
+  """Install the third-party INFO filter on the absl handler (verbosity 0 only)."""
+  level = verbosity() if level is None else level
+  handler = logging.get_absl_handler()
+  for f in list(handler.filters):
+    if isinstance(f, _ThirdPartyInfoFilter):
+      handler.removeFilter(f)
+  if level < 1:
+    handler.addFilter(_ThirdPartyInfoFilter())
+
+
+def one_line(e: BaseException) -> str:
+  """'error: <message>' on one line; a non-ValueError's type is named too."""
+  msg = " ".join(str(e).split())
+  head = msg if isinstance(e, ValueError) else f"{type(e).__name__}: {msg}"
+  return f"error: {head} (--verbosity=1 shows the traceback)"
+
+
+def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+  """Wrap an absl `main`: quiet logs, known errors as one line and exit code 1."""
+  @functools.wraps(main)
+  def wrapped(argv):
+    quiet_third_party_logs()
+    try:
+      return main(argv)
+    except KNOWN_ERRORS as e:
+      if verbosity() >= 1:
+        raise
+      logging.flush()
+      print(one_line(e), file=sys.stderr, flush=True)
+      sys.exit(EXIT_ERROR)
+  return wrapped
