@@ -1,10 +1,12 @@
 """What every entry point in experiments/ shares: quiet logs and one-line errors.
 
-  app.run(cli.guard(main))
+  cli.run(main)                # = app.run(cli.guard(main), flags_parser=cli.parse_flags)
 
 - Third-party INFO logging (Orbax writes ~40 lines per checkpoint) is dropped;
   this project's INFO lines and everyone's warnings stay. absl's own
   `--verbosity=1` (also `-v 1`) shows everything.
+- A bad flag or config argument (`configs/x.py:tiny,bypass=treu`) is one line too,
+  not ml_collections' embedded traceback.
 - Known errors — a bad config, an unusable workdir or checkpoint, bad data (the
   project raises ValueError subclasses for these, e.g. `ceu_jax.workdir.WorkdirError`)
   and missing files — end the program with one line on stderr and exit code 1;
@@ -15,10 +17,11 @@ from __future__ import annotations
 import functools
 import logging as py_logging
 import os
+import re
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from absl import flags, logging
+from absl import app, flags, logging
 
 KNOWN_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
                 PermissionError)
@@ -88,3 +91,47 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
       print(one_line(e), file=sys.stderr, flush=True)
       sys.exit(EXIT_ERROR)
   return wrapped
+
+
+def _verbose_argv(argv: Sequence[str]) -> bool:
+  """--verbosity / -v >= 1 among raw arguments (before flags are parsed)."""
+  for i, a in enumerate(argv):
+    m = re.fullmatch(r"--?(?:v|verbosity)(?:=(-?\d+))?", a)
+    if m:
+      value = m.group(1) if m.group(1) is not None else (
+          argv[i + 1] if i + 1 < len(argv) else "0")
+      try:
+        return int(value) >= 1
+      except ValueError:
+        return False
+  return False
+
+
+def flag_error_line(e: BaseException) -> str:
+  """One line for a flag parsing error; for a config file's error (ml_collections puts
+  the traceback into the message) the exception's own last line."""
+  msg = str(e)
+  if "Traceback (most recent call last)" in msg:
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    last = lines[-1]
+    flag = re.match(r"flag (--\S+?)=", msg)
+    msg = (f"{flag.group(1)}: " if flag else "") + re.sub(r"^\w+(Error|Exception): ", "",
+                                                            last)
+  return "error: " + " ".join(msg.split())
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flags parser for `app.run`: a bad flag or config argument is one line, exit 1."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    if _verbose_argv(argv[1:]):
+      raise
+    print(flag_error_line(e) + " (--verbosity=1 shows the traceback)", file=sys.stderr,
+          flush=True)
+    sys.exit(EXIT_ERROR)
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+  """`app.run` with one-line flag/config errors, quiet logs and known errors guarded."""
+  app.run(guard(main), flags_parser=parse_flags)

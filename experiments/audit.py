@@ -63,4 +63,4 @@ def _stat(m: dict) -> str:
 
 
 if __name__ == "__main__":
-  app.run(cli.guard(main))
+  cli.run(main)

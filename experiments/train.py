@@ -57,4 +57,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(cli.guard(main))
+  cli.run(main)
