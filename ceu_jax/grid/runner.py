@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
+import socket
+import sys
 import time
 import traceback
 from typing import Callable, Iterator
@@ -26,28 +29,38 @@ from typing import Callable, Iterator
 import ml_collections
 
 from ceu_jax import io
+from ceu_jax import progress as progress_lib
+from ceu_jax import workdir as workdir_lib
 from ceu_jax.grid import sweep as sweep_lib
 
 CellFn = Callable[[ml_collections.ConfigDict, str], dict]
 
 
-class LockHeld(RuntimeError):
+class LockHeld(workdir_lib.WorkdirLocked):
   """Another process holds the lock."""
 
 
 @contextlib.contextmanager
 def file_lock(path: str, what: str) -> Iterator[None]:
-  """Exclusive, non-blocking flock; released when the process dies (even kill -9)."""
+  """Exclusive, non-blocking flock; released when the process dies (even kill -9).
+  The file names the holder (pid, host, start time, command) for the refusal message."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-      raise LockHeld(f"{what} is locked by another process (pid {holder}): {path}") from None
+      raw = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+      try:
+        holder = json.loads(raw)
+      except ValueError:
+        holder = {"pid": raw or "?"}
+      raise LockHeld(f"{what} is locked by another process "
+                     f"({workdir_lib.describe_holder(holder)}): {path}") from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    os.pwrite(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
+                                  time=time.time(),
+                                  cmd=" ".join(sys.argv)[:1000])).encode(), 0)
     yield
   finally:
     os.close(fd)
@@ -107,16 +120,22 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, cell_fn: CellFn, *
     io.write_json_atomic(os.path.join(workdir, "grid.json"), dict(
         num_cells=len(cells),
         cells=[dict(cell_id=c.cell_id, index=c.index, label=c.label()) for c in cells]))
+    todo = [c for c in mine
+            if not os.path.exists(os.path.join(cell_dir(workdir, c), "result.json"))]
+    prog = progress_lib.Progress(len(todo))
+    prog.update(0)
+    ran = 0
     for pos, cell in enumerate(mine, 1):
       tag = f"[grid] cell {pos}/{len(mine)} (shard {i}/{n}, #{cell.index}) {cell.cell_id} {cell.label()}"
       if os.path.exists(os.path.join(cell_dir(workdir, cell), "result.json")):
         log(f"{tag}: finished earlier, skipped")
         counts["skipped"] += 1
         continue
-      log(f"{tag}: running")
+      log(f"{tag}: running ({prog.line()})")
       outcome = run_cell(cell, workdir, cell_fn)
       counts[outcome] += 1
-      log(f"{tag}: {outcome}")
+      ran += 1
+      log(f"{tag}: {outcome} ({prog.update(ran)}, {len(todo) - ran} cells left)")
   log(f"[grid] shard {i}/{n}: {counts['done']} done, {counts['skipped']} skipped, "
       f"{counts['failed']} failed, {counts['busy']} busy elsewhere; "
       f"{len(mine)} cells in this shard, {len(cells)} in the grid")
