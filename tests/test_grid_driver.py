@@ -277,3 +277,30 @@ def test_grid_lines_have_elapsed_and_eta(tmp_path):
   assert all("elapsed 0:00:" in l and "ETA " in l and "cells left" in l for l in done)
   assert "ETA 0:00:00, 0 cells left" in done[-1]
   assert "running (elapsed" in [l for l in logs if ": running" in l][0]
+
+
+def test_cells_record_their_training_run_and_the_report_flags_partial_ones(tmp_path):
+  import json
+  from ceu_jax.grid import main as grid_main
+
+  def cell(config, d):
+    train = os.path.join(d, "train")
+    short = config.model.family == "ssm"
+    os.makedirs(os.path.join(train, "checkpoints", "810" if short else "3000"))
+    with open(os.path.join(train, "config.json"), "w") as f:
+      json.dump({"train": {"num_steps": 3000}}, f)
+    with open(os.path.join(train, "status.json"), "w") as f:
+      json.dump({"status": "preempted" if short else "completed",
+                 "step": 810 if short else 3000}, f)
+    return fake_cell(config, d)
+
+  runner.run_grid(base_config(), str(tmp_path), cell, log=lambda s: None)
+  grid_main.run(base_config(), str(tmp_path), aggregate_only=True, log=lambda s: None)
+  results, _ = runner.load_results(str(tmp_path))
+  runs = {r["config"]["model.family"]: r["train_run"] for r in results}
+  assert runs["attention"]["completed"] and runs["attention"]["checkpoint_step"] == 3000
+  assert not runs["ssm"]["completed"] and runs["ssm"]["checkpoint_step"] == 810
+  text = (tmp_path / "report.md").read_text()
+  assert "Checkpoints audited: step 3000, 810" in text
+  assert "**2 cells did not complete training**" in text
+  assert "status 'preempted' at step 810 of 3000" in text

@@ -286,10 +286,18 @@ def what_was_run(rows: Sequence[dict], results: Sequence[dict], config=None) -> 
              f"(one seed per cell); training data δ {_values(results, 'data.delta')}, "
              f"η {_values(results, 'data.eta')}, n {_values(results, 'data.context_len')}, "
              f"ρ {_values(results, 'data.rho')}.")
+  runs = [r for r in results if r.get("train_run")]
+  partial = [r for r in runs if not r["train_run"].get("completed")]
+  if runs:
+    steps = sorted({r["train_run"].get("checkpoint_step") for r in runs}, key=str)
+    out.append(f"- Checkpoints audited: step {', '.join(map(str, steps))}; "
+               + ("every cell's training completed." if not partial else
+                  f"**{len(partial)} cells did not complete training**: " + "; ".join(
+                      f"{r['cell_id']} ({r['train_run'].get('warning')})" for r in partial)))
   conds = _conditions(rows)
   out.append(f"- Test conditions ({len(conds)}): {', '.join(map(str, conds))} — 'clean' is "
              "the training distribution, each other condition shifts one knob (δ, n or η).")
-  g = config.get("grid") if config is not None else None
+  g = config.grid if config is not None and "grid" in config else None
   if g is not None:
     e = config.eval
     out.append(

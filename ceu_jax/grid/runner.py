@@ -3,7 +3,9 @@
 Layout of a grid workdir W:
   W/grid.json                 the expanded grid (cell ids, overrides), written once
   W/cells/<id>/config.json    the cell's full config
-  W/cells/<id>/result.json    written atomically when the cell finishes (then skipped)
+  W/cells/<id>/result.json    written atomically when the cell finishes (then skipped);
+                              `train_run` records the checkpoint step the cell used and
+                              whether its training completed (ceu_jax.workdir.run_info)
   W/cells/<id>/error.json     written when the cell fails (retried on the next run)
   W/driver-<i>of<N>.lock      one driver per shard; a second one is refused
   W/cells/<id>/.lock          held while a cell runs, so overlapping shards never
@@ -96,10 +98,12 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn) -> str:
             traceback=traceback.format_exc(), time_wall_s=time.time() - start))
         logging.error("cell %s failed: %s: %s", cell.cell_id, type(e).__name__, e)
         return "failed"
+      train_dir = os.path.join(d, "train")
+      train_run = workdir_lib.run_info(train_dir) if os.path.isdir(train_dir) else None
       io.write_json_atomic(result_path, _record(
           cell, "ok", rows=out.get("rows", []),
           extra={k: v for k, v in out.items() if k != "rows"},
-          time_wall_s=time.time() - start))
+          train_run=train_run, time_wall_s=time.time() - start))
       if os.path.exists(os.path.join(d, "error.json")):
         os.unlink(os.path.join(d, "error.json"))
       return "done"
