@@ -155,10 +155,12 @@ class Checkpointer:
     self.keep_latest, self.keep_best = keep_latest, keep_best
     self.best_metric, self.best_mode = best_metric, best_mode
     self.read_only = read_only
-    # Read-only (audits): no directory created, no temp dir of a running save cleaned up.
+    # Read-only (audits): no directory created, no temp dir of a running save cleaned up;
+    # save / prune / quarantine are refused or skipped here (orbax's own read_only mode
+    # only adds warnings).
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None, create=not read_only, cleanup_tmp_directories=not read_only,
-        enable_async_checkpointing=async_save and not read_only, read_only=read_only)
+        enable_async_checkpointing=async_save and not read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=("state", "meta"))
     self._meta: dict[int, dict] = {}
@@ -209,6 +211,8 @@ class Checkpointer:
     return keep
 
   def prune(self) -> None:
+    if self.read_only:
+      return
     self.manager.reload()
     steps = list(self.manager.all_steps())
     keep = self.keep_set(steps)
