@@ -21,17 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
-import fcntl
 import json
 import os
 import shutil
-import socket
-import sys
-import time
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ceu_jax import io
+from ceu_jax import io, locks
 
 # Dotted config fields (a field also covers its sub-fields: 'model.overrides' covers
 # 'model.overrides.embed_dim').
@@ -64,7 +59,7 @@ class WorkdirConfigError(WorkdirError):
     return [f for f, _, _ in self.differences]
 
 
-class WorkdirLocked(WorkdirError):
+class WorkdirLocked(WorkdirError, locks.Locked):
   """Another process holds the workdir's lock for this role."""
 
 
@@ -273,16 +268,11 @@ def resolve_config(config: Any, workdir: str, *, use_workdir_config: bool = Fals
 
 
 # ---------------------------------------------------------------- history
-def _who() -> dict:
-  return dict(pid=os.getpid(), host=socket.gethostname(), time=time.time(),
-              cmd=" ".join([os.path.basename(sys.executable)] + sys.argv)[:1000])
-
-
 def record_event(workdir: str, event: str, **fields) -> dict:
   """Append {event, time, host, pid, cmd, **fields} to W/provenance.json's history."""
   path = os.path.join(workdir, PROVENANCE_FILE)
   doc = io.read_json(path) if os.path.exists(path) else {"history": []}
-  entry = dict(event=event, **_who(), **fields)
+  entry = dict(event=event, **locks.who(), **fields)
   doc["history"].append(json.loads(json.dumps(entry, default=str)))
   io.write_json_atomic(path, doc)
   return entry
@@ -403,108 +393,20 @@ def run_info(workdir: str) -> dict:
 
 
 # ---------------------------------------------------------------- lock
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except OSError as e:
-    return e.errno == errno.EPERM
-  return True
-
-
-def _fmt_time(t: Any) -> str:
-  try:
-    return datetime.datetime.fromtimestamp(float(t)).strftime("%Y-%m-%d %H:%M:%S")
-  except (TypeError, ValueError, OverflowError):
-    return "?"
-
-
-def describe_holder(info: Mapping) -> str:
-  """'pid 123 on host h since 2025-01-01 12:00:00 (cmd: python -m experiments.train ...)'."""
-  return (f"pid {info.get('pid', '?')} on host {info.get('host', '?')} since "
-          f"{_fmt_time(info.get('time'))} (cmd: {info.get('cmd', '?')})")
-
-
-class WorkdirLock:
-  """`with WorkdirLock(W, 'train'):` — at most one holder per (workdir, role).
-
-  An exclusive non-blocking flock on W/.<role>.lock: the kernel releases it when the
-  holder dies (even by kill -9), so a dead holder never blocks. The file holds the
-  holder as JSON; a second process is refused with WorkdirLocked naming the holder.
-  Acquiring a lock whose file still names another, dead process (it was killed)
-  takes it over with a warning: that is the stale-lock case.
-  """
+class WorkdirLock(locks.FileLock):
+  """`with WorkdirLock(W, 'train'):` — at most one holder per (workdir, role), on
+  W/.<role>.lock (a `ceu_jax.locks.FileLock`: flock released by the kernel when the
+  holder dies; a second holder is refused with WorkdirLocked naming the first; a file
+  still naming a dead holder is a stale lock, taken over with a warning)."""
 
   def __init__(self, workdir: str, role: str, log=None):
     if not role.isidentifier():
       raise ValueError(f"lock role must be an identifier, got {role!r}")
+    super().__init__(os.path.join(workdir, f".{role}.lock"), f"{role} lock of {workdir}",
+                     log=log, error=WorkdirLocked,
+                     advice=f"Wait for that {role} to finish or stop it; a second {role} "
+                            "on one workdir is refused")
     self.workdir, self.role = workdir, role
-    self.path = os.path.join(workdir, f".{role}.lock")
-    self.log = log
-    self.stale: dict | None = None      # the dead holder this lock was taken over from
-    self._fd: int | None = None
-
-  def _read(self, fd: int) -> dict:
-    raw = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-    if not raw:
-      return {}
-    try:
-      return json.loads(raw)
-    except ValueError:
-      return {"pid": raw}
-
-  def acquire(self) -> "WorkdirLock":
-    os.makedirs(self.workdir, exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      holder = self._read(fd)
-      os.close(fd)
-      note = ""
-      pid = holder.get("pid")
-      if (holder.get("host") == socket.gethostname() and isinstance(pid, int)
-          and not _pid_alive(pid)):
-        note = "; that pid is no longer running here, so a child process still holds it"
-      raise WorkdirLocked(
-          f"{self.workdir} is in use: its {self.role} lock is held by "
-          f"{describe_holder(holder)}{note}. Wait for that {self.role} to finish or stop "
-          f"it; a second {self.role} on one workdir is refused ({self.path})") from None
-    previous = self._read(fd)
-    if previous and previous.get("pid") != os.getpid():
-      self.stale = previous
-      pid = previous.get("pid")
-      alive = isinstance(pid, int) and previous.get("host") == socket.gethostname() and \
-          _pid_alive(pid)
-      msg = (f"taking over the stale {self.role} lock of {self.workdir}: it names "
-             f"{describe_holder(previous)}, which "
-             f"{'no longer holds it' if alive else 'is no longer running'}")
-      (self.log or _warn)(msg)
-    info = dict(role=self.role, **_who())
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(info).encode(), 0)
-    os.fsync(fd)
-    self._fd = fd
-    return self
-
-  def release(self) -> None:
-    if self._fd is None:
-      return
-    try:
-      os.ftruncate(self._fd, 0)       # a later holder sees a clean release, not a stale lock
-    finally:
-      os.close(self._fd)              # closing drops the flock
-      self._fd = None
-
-  def __enter__(self) -> "WorkdirLock":
-    return self.acquire()
-
-  def __exit__(self, *exc) -> None:
-    self.release()
-
-
-def _warn(msg: str) -> None:
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  logging.warning("%s", msg)
 
 
 @contextlib.contextmanager

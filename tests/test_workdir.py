@@ -219,7 +219,8 @@ def test_lock_refuses_a_second_holder_naming_the_first(tmp_path):
   logs = []
   with wd.WorkdirLock(w, "train", log=logs.append) as lock:
     assert lock.stale["pid"] == proc.pid
-    assert "stale train lock" in logs[0] and "no longer running" in logs[0]
+    assert "taking over the stale train lock" in logs[0]
+    assert f"pid {proc.pid} is no longer running" in logs[0]
   with wd.WorkdirLock(w, "train", log=logs.append) as lock:  # released cleanly: not stale
     assert lock.stale is None and len(logs) == 1
 

@@ -17,20 +17,15 @@ whatever it left in cell_dir (the training loop resumes from its checkpoints).
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import logging
 import os
-import socket
-import sys
 import time
 import traceback
-from typing import Callable, Iterator
+from typing import Callable
 
 import ml_collections
 
-from ceu_jax import io
+from ceu_jax import io, locks
 from ceu_jax import progress as progress_lib
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.grid import sweep as sweep_lib
@@ -38,34 +33,14 @@ from ceu_jax.grid import sweep as sweep_lib
 CellFn = Callable[[ml_collections.ConfigDict, str], dict]
 
 
-class LockHeld(workdir_lib.WorkdirLocked):
+class LockHeld(locks.Locked):
   """Another process holds the lock."""
 
 
-@contextlib.contextmanager
-def file_lock(path: str, what: str) -> Iterator[None]:
-  """Exclusive, non-blocking flock; released when the process dies (even kill -9).
-  The file names the holder (pid, host, start time, command) for the refusal message."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raw = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-      try:
-        holder = json.loads(raw)
-      except ValueError:
-        holder = {"pid": raw or "?"}
-      raise LockHeld(f"{what} is locked by another process "
-                     f"({workdir_lib.describe_holder(holder)}): {path}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
-                                  time=time.time(),
-                                  cmd=" ".join(sys.argv)[:1000])).encode(), 0)
-    yield
-  finally:
-    os.close(fd)
+def file_lock(path: str, what: str) -> locks.FileLock:
+  """Exclusive, non-blocking flock (a context manager); released when the process dies
+  (even kill -9). A second holder gets LockHeld naming the first (pid, host, command)."""
+  return locks.FileLock(path, what, error=LockHeld)
 
 
 def cell_dir(workdir: str, cell: sweep_lib.Cell) -> str:
