@@ -82,8 +82,9 @@ def test_one_line_errors():
   assert cli.one_line(ValueError("cer.alpha must be in (0, 1],\n got 1.5")) == (
       "error: cer.alpha must be in (0, 1], got 1.5 (--verbosity=1 shows the traceback)")
   assert cli.one_line(FileNotFoundError("x")).startswith("error: FileNotFoundError: x")
-  assert cli._verbose_argv(["--verbosity=1"]) and cli._verbose_argv(["-v", "2"])  # pylint: disable=protected-access
-  assert not cli._verbose_argv(["--verbosity=0", "--x=1"])  # pylint: disable=protected-access
+  verbose = cli._verbose_argv  # pylint: disable=protected-access
+  assert verbose(["--verbosity=1"]) and verbose(["-v", "2"])
+  assert not verbose(["--verbosity=0", "--x=1"])
 
 
 def _run(*args):

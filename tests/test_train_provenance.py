@@ -13,10 +13,10 @@ Two micro runs (4 and 2 steps, a 1-layer 16-wide model, no training-time eval):
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 
+import ml_collections
 import pytest
 
 from ceu_jax import workdir as wd
@@ -37,6 +37,10 @@ def _micro(c, steps: int):
   t.keep_latest, t.keep_best = 3, 0
   c.eval.num_examples, c.eval.batch_size = 8, 8
   return c
+
+
+def _clone(config) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(config.to_dict())
 
 
 def _files(workdir: str) -> dict[str, str]:
@@ -71,8 +75,7 @@ def test_loading_with_another_config_names_fields_touches_nothing_and_train_resu
   assert wd.checkpoint_steps(workdir) == [2]
   plain = smoke.get_config()                         # the README's plain smoke config
   other_family = _micro(smoke.get_config("tiny"), 2)  # attention, else identical
-  bypass = json.loads(json.dumps(config.to_dict()))
-  flipped = type(config)(wd._tuples(bypass))           # pylint: disable=protected-access
+  flipped = _clone(config)
   flipped.model.bypass = True
   for cfg, fields in ((plain, {"model.family", "model.overrides.embed_dim"}),
                       (other_family, {"model.family"}), (flipped, {"model.bypass"})):
@@ -90,7 +93,7 @@ def test_loading_with_another_config_names_fields_touches_nothing_and_train_resu
   assert _files(workdir) == before
   os.rename(os.path.join(tmp_path, "config.json"), os.path.join(workdir, "config.json"))
   # A later train resumes from the cell's checkpoint (a declared longer run).
-  longer = type(config)(wd._tuples(json.loads(json.dumps(config.to_dict()))))  # pylint: disable=protected-access
+  longer = _clone(config)
   longer.train.num_steps = 4
   out = train_and_evaluate(longer, workdir, allow_config_change="train.num_steps")
   assert out["step"] == 4
@@ -119,7 +122,7 @@ def _copy(run, tmp_path):
   config, original = run
   workdir = str(tmp_path / "run")
   shutil.copytree(original, workdir)
-  return type(config)(wd._tuples(json.loads(json.dumps(config.to_dict())))), workdir  # pylint: disable=protected-access
+  return _clone(config), workdir
 
 
 def test_rerun_with_other_training_settings_is_refused_or_declared(attention_run, tmp_path):
