@@ -84,8 +84,19 @@ def test_loading_with_another_config_names_fields_touches_nothing_and_train_resu
       load_trained_params(cfg, workdir)
     assert fields <= set(e.value.fields), e.value.fields
     assert set(e.value.fields) <= {f for f, _, _ in wd.config_diff(config, cfg)}
+  # The audit job (experiments.audit's library call) stops the same way, and the entry
+  # point's config check names every differing field before loading anything.
+  from ceu_jax import audit_job  # pylint: disable=g-import-not-at-top
+  with pytest.raises(wd.WorkdirConfigError, match="model.family 'memory_port' -> 'attention'"):
+    audit_job.run_audit(plain, workdir, data_dir=str(tmp_path / "evalsets"))
+  with pytest.raises(wd.WorkdirConfigError, match="--use_workdir_config") as e:
+    wd.resolve_config(plain, workdir)
+  assert {"model.family", "train.num_steps"} <= set(e.value.fields)
+  used, _ = wd.resolve_config(None, workdir, use_workdir_config=True)
+  assert used.model.family == "memory_port" and used.model.overrides.embed_dim == 16
   assert _files(workdir) == before                   # every checkpoint byte in place
   assert not os.path.exists(os.path.join(workdir, "corrupt_checkpoints"))
+  assert not os.path.exists(os.path.join(workdir, "audit"))
   # Without config.json the stored array layout still tells (and nothing moves).
   os.rename(os.path.join(workdir, "config.json"), os.path.join(tmp_path, "config.json"))
   with pytest.raises(wd.WorkdirConfigError, match=r"arrays of its checkpoint step 2 differ"):

@@ -307,8 +307,9 @@ def what_was_run(rows: Sequence[dict], results: Sequence[dict], config=None) -> 
         "for every cell. The training-time evaluation of each cell "
         "(cells/<id>/train/eval_final.json, metrics.jsonl, TensorBoard) uses another set — "
         f"split 'eval', seed eval.seed = {e.seed}, {e.num_examples} examples, corruptions "
-        f"{', '.join(e.corruptions)} — so its EM and CEU differ from these by sampling noise "
-        "(a few hundred examples) and, for CEU, by the corruption mix.")
+        f"{', '.join(e.corruptions)} — other examples, so its EM and CEU differ from "
+        f"these: with {g.eval_examples} and {e.num_examples} examples, by several points "
+        "from sampling alone.")
   else:
     out.append("- Every number comes from the grid's fixed test sets (split 'test', seed "
                "grid.eval_seed), not from the training-time evaluation (split 'eval').")
