@@ -254,13 +254,16 @@ def resolve_config(config: Any, workdir: str, *, use_workdir_config: bool = Fals
   try:
     changes = check_same_config(config, workdir, allow=allow)
   except WorkdirConfigError as e:
-    fields = ",".join(e.fields)
+    fixed = [f for f in e.fields if classify(f) == "fixed"]
+    declarable = [f for f in e.fields if classify(f) != "fixed"]
+    hint = (f"; to {role} it under a deliberately different setting, declare it: "
+            f"--allow_config_change={','.join(declarable)}" if declarable else "")
+    hint += (f"; {', '.join(fixed)} define the model and can never differ" if fixed else "")
     raise WorkdirConfigError(
         f"this workdir ({workdir}) was trained with a different config: "
         f"{format_diff(e.differences)}. To {role} the run as it was trained, pass "
-        f"--use_workdir_config (reads {CONFIG_FILE}); to {role} it under a deliberately "
-        f"different setting, declare it: --allow_config_change={fields} (model fields "
-        "can never differ)", e.differences) from None
+        f"--use_workdir_config (reads {os.path.join(workdir, CONFIG_FILE)}){hint}",
+        e.differences) from None
   if changes and log is not None:
     log(f"[{role}] config differs from the run's: {format_diff(changes)} "
         "(declared or eval/sharding settings)")

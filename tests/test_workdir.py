@@ -109,6 +109,8 @@ def test_resolve_config_for_an_audit(tmp_path):
     wd.resolve_config(plain, w)
   assert e.value.fields == ["cer.regularizer", "model.family"]
   assert "--use_workdir_config" in str(e.value)
+  assert "--allow_config_change=cer.regularizer;" in str(e.value)
+  assert "model.family define the model and can never differ" in str(e.value)
   logs = []
   used, _ = wd.resolve_config(plain, w, use_workdir_config=True, log=logs.append)
   assert used.model.family == "memory_port" and "ignored" in logs[0]
