@@ -76,6 +76,10 @@ def test_third_party_info_is_filtered_ours_and_warnings_kept():
   assert f.filter(rec(ours, logging.INFO))
   assert not f.filter(rec(orbax, logging.INFO))
   assert f.filter(rec(orbax, logging.WARNING))
+  tfds = "/venv/lib/python3.11/site-packages/tensorflow_datasets/core/dataset_builder.py"
+  benign = logging.LogRecord("absl", logging.WARNING, tfds, 1,
+                             "Using custom data configuration: %s", ("x",), None)
+  assert not f.filter(benign)
 
 
 def test_one_line_errors():
