@@ -132,15 +132,16 @@ def pareto_figure(rows: Sequence[dict]):
     front = pareto_front(pts)
     ax.plot(front[:, 0], front[:, 1], color=sc.get_facecolor()[0], alpha=0.7)
   lo, hi = ax.get_xlim()
-  for (family,), series in _group(clean, lambda r: (r.get(FAMILY),)).items():
-    for r in series:
-      x, y = _num(r.get("em")), _num(r.get("supported_0.5"))
-      if not (np.isfinite(x) and np.isfinite(y)):
-        continue
-      right = x > (lo + hi) / 2
-      ax.annotate(f"λ={r.get('cer.lambda_ev')},α={r.get('cer.alpha')}", (x, y), fontsize=6,
-                  xytext=(-4 if right else 4, 3), textcoords="offset points",
-                  ha="right" if right else "left", va="bottom")
+  labels: dict[tuple[float, float], list[str]] = {}    # cells at one point share a label
+  for r in finite:
+    point = (_num(r.get("em")), _num(r.get("supported_0.5")))
+    text = f"λ={r.get('cer.lambda_ev')},α={r.get('cer.alpha')}"
+    if text not in labels.setdefault(point, []):
+      labels[point].append(text)
+  for (x, y), texts in labels.items():
+    right = x > (lo + hi) / 2
+    ax.annotate("\n".join(texts), (x, y), fontsize=6, xytext=(-4 if right else 4, 3),
+                textcoords="offset points", ha="right" if right else "left", va="bottom")
   return fig, ax
 
 
