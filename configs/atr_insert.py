@@ -5,34 +5,45 @@ Run:
   python -m experiments.audit --config configs/atr_insert.py:tiny --workdir /tmp/atr
   python -m experiments.show_examples --config configs/atr_insert.py:tiny
 Arguments: `tiny` (CPU-sized, minutes) or `base`, then optional overrides,
-e.g. `configs/atr_insert.py:tiny,family=ssm,rho=0.5,bypass=true`.
+e.g. `configs/atr_insert.py:tiny,family=ssm,rho=0.5,bypass=true`: family
+(attention | ssm | memory_port), preset (p100k | p400k | p1500k), rho, delta,
+eta (in [0, 1]), context_len (>= 1), bypass (true | false), seed (>= 0), steps
+(>= 1). Values are checked strictly (configs/common.py).
 """
 from __future__ import annotations
 
 import ml_collections
 
+from architectures import FAMILIES, PRESETS
 from configs import common
 
 
+def _or(value, default):
+  """An `Opt` argument: the value given, else the variant's default."""
+  return default if value is None else value
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  a = common.parse_arg(arg, variant="base", family="attention", preset="",
-                       rho=0.0, delta=0.3, eta=0.0, context_len=0, bypass=False,
-                       seed=0, steps=0)
+  a = common.parse_arg(arg, variant="base", family=common.Opt(str, choices=FAMILIES),
+                       preset=common.Opt(str, choices=tuple(PRESETS)),
+                       rho=common.Opt(float, 0.0, 1.0), delta=common.Opt(float, 0.0, 1.0),
+                       eta=common.Opt(float, 0.0, 1.0), context_len=common.Opt(int, 1),
+                       bypass=False, seed=common.Opt(int, 0), steps=common.Opt(int, 1))
   tiny = a.variant == "tiny"
   if a.variant not in ("tiny", "base"):
     raise ValueError(f"configs/atr_insert.py: variant must be 'tiny' or 'base', got {a.variant!r}")
   c = ml_collections.ConfigDict()
-  c.seed = a.seed                          # seeds parameters, data stream and probes
+  c.seed = _or(a.seed, 0)                  # seeds parameters, data stream and probes
 
   c.data = d = ml_collections.ConfigDict()
   d.task = "atr_insert"                    # task name (atr_insert | factqa)
   d.variant = "value_for_key"              # value_for_key | key_for_value
   d.num_passages = 8                       # m passages in the retrieved bundle
-  d.context_len = a.context_len or (128 if tiny else 512)  # n context tokens
+  d.context_len = _or(a.context_len, 128 if tiny else 512)  # n context tokens
   d.answer_len = 1                         # value tokens per binding (>= 1)
-  d.eta = a.eta                            # η miss probability in training data
-  d.delta = a.delta                        # δ hard-negative rate in training data
-  d.rho = a.rho                            # ρ prior strength (memorisable pairs)
+  d.eta = _or(a.eta, 0.0)                  # η miss probability in training data
+  d.delta = _or(a.delta, 0.3)              # δ hard-negative rate in training data
+  d.rho = _or(a.rho, 0.0)                  # ρ prior strength (memorisable pairs)
   d.overlap_rate = 0.25                    # filler lines mentioning the query's tokens
   d.filler_rate = 0.5                      # plain non-evidence lines in filler format
   d.paraphrase_rate = 0.1                  # evidence-format lines in the paraphrase format
@@ -43,12 +54,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.n_filler = 64                          # filler-word vocabulary
   d.world_seed = 0                         # fixes the ρ prior table
 
-  c.model = common.model_section(a.family, a.preset or ("p100k" if tiny else "p400k"))
+  c.model = common.model_section(_or(a.family, "attention"),
+                                 _or(a.preset, "p100k" if tiny else "p400k"))
   c.model.bypass = a.bypass
 
   c.train = t = ml_collections.ConfigDict()
   t.batch_size = 64 if tiny else 128       # global batch (split over the data axis)
-  t.num_steps = a.steps or (3000 if tiny else 20000)  # optimiser steps
+  t.num_steps = _or(a.steps, 3000 if tiny else 20000)  # optimiser steps
   t.learning_rate = 1e-3                   # peak learning rate
   t.warmup_steps = 200 if tiny else 1000   # linear warm-up steps
   t.weight_decay = 0.01                    # AdamW weight decay

@@ -2,15 +2,85 @@
 
 A config argument is `name[,key=value...]`, e.g. `tiny` or `tiny,family=ssm`:
 `python -m experiments.train --config configs/atr_insert.py:tiny,family=ssm`.
+Values are parsed strictly: a bool is one of true/false/yes/no/1/0, a number must
+parse as its type and lie in its range, a choice must be one of its values;
+anything else is an error naming the key and what is allowed. `Opt(...)` declares
+an argument whose absence (None) means "the variant's default", so no value
+(0, '') is silently taken for "default".
 """
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Any
+
 import ml_collections
+
+TRUE, FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Opt:
+  """An argument that defaults to None (the variant's own value) unless given."""
+  kind: type                            # bool | int | float | str
+  min: float | None = None              # smallest allowed value (numbers)
+  max: float | None = None              # largest allowed value (numbers)
+  choices: tuple | None = None          # allowed values
+
+
+def _spec(default: Any) -> tuple[Opt, Any]:
+  if isinstance(default, Opt):
+    return default, None
+  return Opt(type(default)), default
+
+
+def _allowed(spec: Opt) -> str:
+  if spec.choices:
+    return "one of " + ", ".join(map(str, spec.choices))
+  if spec.kind is bool:
+    return "one of " + ", ".join(TRUE + FALSE)
+  name = {int: "an integer", float: "a number", str: "text"}.get(spec.kind, spec.kind.__name__)
+  lo = "" if spec.min is None else f" >= {spec.min}"
+  hi = "" if spec.max is None else f"{' and' if lo else ''} <= {spec.max}"
+  return name + lo + hi
+
+
+def parse_value(key: str, value: str, spec: Opt) -> Any:
+  """`value` (text) as spec.kind, checked; ValueError naming `key` and what is allowed."""
+  bad = ValueError(f"config argument {key}={value!r} is not allowed: {key} must be "
+                   f"{_allowed(spec)}")
+  if spec.kind is bool:
+    v = value.strip().lower()
+    if v not in TRUE + FALSE:
+      raise bad
+    out: Any = v in TRUE
+  elif spec.kind is int:
+    try:
+      out = int(value)
+    except ValueError:
+      raise bad from None
+  elif spec.kind is float:
+    try:
+      out = float(value)
+    except ValueError:
+      raise bad from None
+    if not math.isfinite(out):
+      raise bad
+  else:
+    out = spec.kind(value)
+  if spec.choices is not None and out not in spec.choices:
+    raise bad
+  if spec.min is not None and out < spec.min or spec.max is not None and out > spec.max:
+    raise bad
+  return out
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
-  """Parse 'variant,k=v,...' into a ConfigDict; `defaults` fixes allowed keys and types."""
-  out = ml_collections.ConfigDict(dict(defaults))
+  """Parse 'variant,k=v,...' into a ConfigDict; `defaults` fixes the allowed keys, their
+  types (a plain default's type, or an `Opt`) and ranges."""
+  specs = {k: _spec(v) for k, v in defaults.items()}
+  out = ml_collections.ConfigDict({k: d for k, (_, d) in specs.items()})
+  seen = set()
   for part in (arg or "").split(","):
     part = part.strip()
     if not part:
@@ -18,13 +88,17 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     if "=" not in part:
       if "variant" not in out:
         raise ValueError(f"config argument {part!r}: this config has no variants")
-      out.variant = part
-      continue
-    key, value = part.split("=", 1)
-    if key not in out:
-      raise ValueError(f"config argument {key!r} is unknown; known: {sorted(out.keys())}")
-    kind = type(out[key])
-    out[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+      key, value = "variant", part
+    else:
+      key, value = (s.strip() for s in part.split("=", 1))
+    if key not in specs:
+      raise ValueError(f"config argument {key!r} is unknown; known: {sorted(specs)}")
+    if key in seen:
+      raise ValueError(f"config argument {key!r} is given twice in {arg!r}")
+    seen.add(key)
+    spec = specs[key][0]
+    with out.ignore_type():
+      out[key] = parse_value(key, value, spec)
   return out
 
 

@@ -1,25 +1,50 @@
 """Audit a trained checkpoint: CEU per probe on a fixed evaluation set.
 
   python -m experiments.audit --config configs/atr_insert.py:tiny --workdir W
+  python -m experiments.audit --use_workdir_config --workdir runs/smoke/cells/<id>/train
 Writes W/audit/examples.csv, W/audit/summary.json and W/audit/plots/; interrupt
 and rerun freely (finished batches are kept).
+
+The config is first compared with W/config.json (the config W was trained with):
+any model or training field that differs is named and the audit refuses, touching
+nothing; `--use_workdir_config` audits with W's own config, and
+`--allow_config_change=data.delta` declares a deliberate difference. A second
+audit of the same workdir is refused while one runs. Known errors (config,
+workdir, checkpoint, data) print one line and exit 1; `--verbosity=1` shows the
+traceback (and third-party INFO logs).
 """
 from absl import app, flags
 from ml_collections import config_flags
 
-from ceu_jax import audit_job
+from ceu_jax import audit_job, cli
+from ceu_jax import workdir as workdir_lib
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (optional "
+                                          "with --use_workdir_config).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.",
                                required=True)
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Where eval sets are materialised "
                                 "(default $CEU_JAX_DATA_DIR or ~/.cache/ceu_jax/evalsets).")
+_USE_WORKDIR_CONFIG = flags.DEFINE_bool(
+    "use_workdir_config", False, "Audit with <workdir>/config.json, the config the run was "
+    "trained with (--config is then optional and ignored).")
+_ALLOW = flags.DEFINE_list("allow_config_change", [], "Training fields (dotted) that may "
+                           "differ from <workdir>/config.json, e.g. data.delta.")
 
 
 def main(argv):
   del argv
-  summary = audit_job.run_audit(_CONFIG.value, _WORKDIR.value, data_dir=_DATA_DIR.value)
+  workdir = _WORKDIR.value
+  config, _ = workdir_lib.resolve_config(
+      _CONFIG.value, workdir, use_workdir_config=_USE_WORKDIR_CONFIG.value,
+      allow=_ALLOW.value, log=print)
+  info = workdir_lib.run_info(workdir)
+  print(f"[audit] {workdir}: newest checkpoint step {info['checkpoint_step']} of "
+        f"{info['num_steps']}, training status {info['status']!r}")
+  if info["warning"]:
+    print(f"[audit] WARNING: {info['warning']}")
+  with workdir_lib.WorkdirLock(workdir, "audit"):
+    summary = audit_job.run_audit(config, workdir, data_dir=_DATA_DIR.value)
   for name, s in summary["corruptions"].items():
     ceu = s["ceu"]
     print(f"[audit] {name}: EM {_num(s['accuracy']['em']['value'])}, mean CEU_ev "
@@ -38,5 +63,4 @@ def _stat(m: dict) -> str:
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli.run(main)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from absl import app, flags
 from ml_collections import config_flags
 
+from ceu_jax import cli
 from ceu_jax.theory import experiment
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/bounds.py:<variant>",
@@ -27,4 +28,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  cli.run(main)

@@ -6,10 +6,10 @@ Thin entry point: the table comes from `architectures.describe(config)`.
 """
 from __future__ import annotations
 
-from absl import app
 from ml_collections import config_flags
 
 import architectures
+from ceu_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
@@ -21,4 +21,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

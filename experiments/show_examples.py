@@ -8,9 +8,10 @@ Thin entry point: the text comes from `ceu_jax.data.render_text.show_examples`.
 """
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from ceu_jax import cli
 from ceu_jax.data import render_text
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -24,4 +25,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

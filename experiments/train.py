@@ -5,10 +5,16 @@ r"""Train a retrieval model (optionally with the CER objective) and evaluate it.
       --config.cer.regularizer=evidence --workdir /tmp/atr_cer
 
 Rerunning with the same --workdir resumes from the latest committed checkpoint.
+The workdir remembers its config: a rerun with another model is refused, and a
+rerun with other training settings (steps, lr, regulariser, data knobs...) only
+continues when declared, e.g. `--allow_config_change=train.num_steps` (recorded
+in <workdir>/provenance.json). A workdir with an earlier run but no checkpoint is
+not retrained from step 0 unless `--fresh` (which moves the old files to
+<workdir>/previous/<time>/). A second `train` on the same workdir is refused.
 Exit codes: 0 done; 75 stopped by SIGTERM/SIGINT after saving a checkpoint at
 the step boundary (rerun to resume); 65 diverged (non-finite loss/gradients;
-<workdir>/status.json names the step); 1 any other error (e.g. a bad config:
-the ValueError names the field).
+<workdir>/status.json names the step); 1 any other error: known ones (bad config,
+workdir, checkpoint, data) as one line, the traceback with --verbosity=1.
 """
 from __future__ import annotations
 
@@ -17,12 +23,18 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from ceu_jax import cli
 from ceu_jax.train import loop
 from ceu_jax.train import sharding
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and status.")
+flags.DEFINE_bool("fresh", False, "Start from step 0 even though the workdir holds an "
+                  "earlier run; its files are moved to <workdir>/previous/<time>/.")
+flags.DEFINE_list("allow_config_change", [], "Training fields (dotted, or a section such as "
+                  "'cer') that may differ from <workdir>/config.json on this rerun, e.g. "
+                  "train.num_steps,cer.lambda_ev. Model fields can never change.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -31,7 +43,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
   sharding.maybe_initialize_distributed()
   try:
-    loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,
+                            allow_config_change=FLAGS.allow_config_change)
   except loop.Preempted as e:
     logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
     logging.flush()
@@ -44,4 +57,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

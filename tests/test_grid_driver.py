@@ -132,6 +132,7 @@ def test_second_driver_on_same_workdir_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert proc.returncode == 3, proc.stderr
   assert "locked by another process" in proc.stdout
+  assert f"pid {os.getpid()} on host" in proc.stdout   # the holder is named
 
 
 SLOW_DRIVER = """
@@ -172,31 +173,134 @@ def test_killed_driver_resumes_and_matches_uninterrupted(tmp_path):
       aggregate.write_results_csv(clean)[1])
 
 
-def test_report_writes_plots_and_table(tmp_path):
-  from ceu_jax.grid import report
+def _report_cell(config, d):
+  em = 0.5 + config.cer.lambda_ev / 4
+  rows = []
+  for cond, dt in (("clean", 0.3), ("delta=0.6", 0.6), ("delta=0.9", 0.9)):
+    rows.append({"condition": cond, "delta_test": dt, "eta_test": 0.0, "n_test": 128,
+                 "em": em - dt / 3, "em_lo": em - dt / 3 - 0.05, "em_hi": em - dt / 3 + 0.05,
+                 "em_n": 100, "ceu_ev": em, "ceu_ev_lo": em - 0.1, "ceu_ev_hi": em + 0.1,
+                 "ceu_ev_n": 90 - int(10 * dt), "supported_0.5": em / 2})
+  return {"rows": rows}
 
-  def cell(config, d):
-    em = 0.5 + config.cer.lambda_ev / 4
-    rows = []
-    for cond, dt in (("clean", 0.3), ("delta=0.6", 0.6), ("delta=0.9", 0.9)):
-      rows.append({"condition": cond, "delta_test": dt, "eta_test": 0.0, "n_test": 128,
-                   "em": em - dt / 3, "em_lo": em - dt / 3 - 0.05, "em_hi": em - dt / 3 + 0.05,
-                   "em_n": 100, "ceu_ev": em, "ceu_ev_lo": em - 0.1, "ceu_ev_hi": em + 0.1,
-                   "supported_0.5": em / 2})
-    return {"rows": rows}
 
+def _report_config():
   c = base_config()
   with c.cer.unlocked():
     c.cer.k = 2
     c.cer.alpha = 0.6
-  runner.run_grid(c, str(tmp_path), cell, log=lambda s: None)
-  _, rows, failures = aggregate.write_results_csv(str(tmp_path))
+  with c.unlocked():
+    c.seed = 0
+  return c
+
+
+def test_report_writes_plots_and_table(tmp_path):
+  from ceu_jax.grid import report
+  c = _report_config()
+  runner.run_grid(c, str(tmp_path), _report_cell, log=lambda s: None)
+  _, rows, failures = aggregate.write_results_csv(str(tmp_path), c)
   results, _ = runner.load_results(str(tmp_path))
-  path = report.write_report(str(tmp_path), rows, results, failures)
+  path = report.write_report(str(tmp_path), rows, results, failures, config=c)
   text = open(path).read()
-  assert "| attention | evidence | 1.0 | 0.6 | 2 |" in text
-  for stem in ("em_ceu_vs_delta", "pareto_em_supported", "ceu_gain_per_forward_vs_k"):
+  # Every CEU mean with its n (non-degenerate examples) beside it.
+  assert "| attention | evidence | 1.0 | 0.6 | 2 | 100 | 0.650 [0.600, 0.700] | " \
+         "0.750 [0.650, 0.850] (n=87) | – | 0.375 |" in text
+  assert "| attention | evidence | delta=0.9 | 100 |" in text and "(n=81)" in text
+  # It opens with what was run.
+  head = text.split("## Summary")[0]
+  assert "## What was run" in head and "6 cells" in head and "seed 0" in head
+  assert "Test conditions (3): clean, delta=0.6, delta=0.9" in head
+  for stem in ("em_ceu_vs_delta", "pareto_em_supported"):
     for ext in ("png", "pdf"):
       assert (tmp_path / "plots" / f"{stem}.{ext}").stat().st_size > 1000
+  # One k, one n and one η value: those plots are skipped, with the reason.
+  for stem in ("ceu_gain_per_forward_vs_k", "em_ceu_vs_n", "em_ceu_vs_eta"):
+    assert not (tmp_path / "plots" / f"{stem}.png").exists()
+  notes = text.split("Not drawn:")[1]
+  assert "k [2]" in notes and "[128.0]" in notes and "[0.0]" in notes
   assert report.pareto_front(np.array([[0.5, 0.5], [0.6, 0.4], [0.4, 0.4]])).tolist() == [
       [0.5, 0.5], [0.6, 0.4]]
+
+
+def test_pareto_labels_stay_inside_the_axes_and_image(tmp_path):
+  """Nothing clipped: point labels inside the axes, the saved image has a blank border."""
+  import matplotlib.image
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from ceu_jax.grid import report
+  rows = [{"condition": "clean", "index": i, "model.family": fam, "cer.lambda_ev": lam,
+           "cer.alpha": 0.6, "cer.regularizer": "evidence", "em": em, "supported_0.5": sup}
+          for i, (fam, lam, em, sup) in enumerate([
+              ("attention", 0.0, 1.0, 1.0), ("attention", 10.0, 0.0, 0.0),
+              ("ssm", 1.0, 0.99, 0.01), ("ssm", 0.5, 0.0, 1.0)])]
+  fig, ax = report.pareto_figure(rows)
+  FigureCanvasAgg(fig).draw()
+  box = ax.get_window_extent()
+  assert len(ax.texts) == 4
+  for t in ax.texts:
+    e = t.get_window_extent()
+    assert box.x0 <= e.x0 and e.x1 <= box.x1 and box.y0 <= e.y0 and e.y1 <= box.y1, (
+        t.get_text(), e, box)
+  png, _ = report.plot_pareto(rows, str(tmp_path / "p"))
+  img = matplotlib.image.imread(png)
+  for edge in (img[:, -1, :3], img[-1, :, :3], img[:, 0, :3], img[0, :, :3]):
+    assert np.all(edge > 0.95)
+
+
+def test_aggregation_excludes_cells_of_an_earlier_config(tmp_path):
+  from ceu_jax.grid import main as grid_main
+  old = base_config()
+  runner.run_grid(old, str(tmp_path), fake_cell, log=lambda s: None)
+  new = base_config()
+  new.sweep = ((("model.family", ("attention", "ssm")),),
+               (("cer.regularizer", ("none", "evidence")), ("cer.lambda_ev", (0.0, 1.0))))
+  logs = []
+  out = grid_main.run(new, str(tmp_path), aggregate_only=True, log=logs.append)
+  assert out["rows"] == 8 and out["other_cells"] == 2     # memory_port cells left over
+  warning = [l for l in logs if "WARNING" in l][0]
+  assert "2 cells" in warning and "family=memory_port" in warning and "excluded" in warning
+  csv_rows = aggregate.read_results_csv(str(tmp_path / "results.csv"))
+  assert {r["model.family"] for r in csv_rows} == {"attention", "ssm"}
+  text = (tmp_path / "report.md").read_text()
+  assert "Cells not in the current config (excluded)" in text and "memory_port" in text
+  logs.clear()
+  out = grid_main.run(new, str(tmp_path), aggregate_only=True, include_other_cells=True,
+                      log=logs.append)
+  assert out["rows"] == 12 and "INCLUDED" in [l for l in logs if "WARNING" in l][0]
+  assert "included as asked" in (tmp_path / "report.md").read_text()
+
+
+def test_grid_lines_have_elapsed_and_eta(tmp_path):
+  logs = []
+  runner.run_grid(base_config(), str(tmp_path), fake_cell, log=logs.append)
+  done = [l for l in logs if ": done (" in l]
+  assert len(done) == 6
+  assert all("elapsed 0:00:" in l and "ETA " in l and "cells left" in l for l in done)
+  assert "ETA 0:00:00, 0 cells left" in done[-1]
+  assert "running (elapsed" in [l for l in logs if ": running" in l][0]
+
+
+def test_cells_record_their_training_run_and_the_report_flags_partial_ones(tmp_path):
+  import json
+  from ceu_jax.grid import main as grid_main
+
+  def cell(config, d):
+    train = os.path.join(d, "train")
+    short = config.model.family == "ssm"
+    os.makedirs(os.path.join(train, "checkpoints", "810" if short else "3000"))
+    with open(os.path.join(train, "config.json"), "w") as f:
+      json.dump({"train": {"num_steps": 3000}}, f)
+    with open(os.path.join(train, "status.json"), "w") as f:
+      json.dump({"status": "preempted" if short else "completed",
+                 "step": 810 if short else 3000}, f)
+    return fake_cell(config, d)
+
+  runner.run_grid(base_config(), str(tmp_path), cell, log=lambda s: None)
+  grid_main.run(base_config(), str(tmp_path), aggregate_only=True, log=lambda s: None)
+  results, _ = runner.load_results(str(tmp_path))
+  runs = {r["config"]["model.family"]: r["train_run"] for r in results}
+  assert runs["attention"]["completed"] and runs["attention"]["checkpoint_step"] == 3000
+  assert not runs["ssm"]["completed"] and runs["ssm"]["checkpoint_step"] == 810
+  text = (tmp_path / "report.md").read_text()
+  assert "Checkpoints audited: step 3000, 810" in text
+  assert "**2 cells did not complete training**" in text
+  assert "status 'preempted' at step 810 of 3000" in text

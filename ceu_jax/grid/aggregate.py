@@ -7,6 +7,9 @@ Row schema (what a cell function returns per test condition):
       for metric in METRICS (em, ceu_ev, ceu_dis, ceu_ctrl, supported_0.5, ...)
   time_*                  timing columns (differ between runs; excluded from equality)
 Config columns are every leaf field of the cell config ('model.family', ...).
+Only cells of the current grid config are aggregated: cells left in W/cells/ by an
+earlier version of the config are named in a warning and excluded (or, asked to,
+included and flagged in the report).
 """
 from __future__ import annotations
 
@@ -55,13 +58,68 @@ def to_csv(rows: list[dict]) -> str:
   return buf.getvalue()
 
 
-def write_results_csv(workdir: str) -> tuple[str, list[dict], list[dict]]:
-  """Merge every finished cell (from any shard) into W/results.csv, atomically."""
+def split_current(results: list[dict], current_ids: set[str] | None
+                  ) -> tuple[list[dict], list[dict]]:
+  """(results of cells in the current grid, the others); None ids: all are current."""
+  if current_ids is None:
+    return list(results), []
+  return ([r for r in results if r["cell_id"] in current_ids],
+          [r for r in results if r["cell_id"] not in current_ids])
+
+
+def current_cell_ids(config) -> set[str] | None:
+  """Cell ids of the grid `config` expands to (None without a config)."""
+  if config is None:
+    return None
+  from ceu_jax.grid import sweep  # pylint: disable=g-import-not-at-top
+  return {c.cell_id for c in sweep.expand(config)}
+
+
+def select_results(workdir: str, config=None, *, include_other_cells: bool = False,
+                   log=print) -> tuple[list[dict], list[dict], list[dict]]:
+  """(results, failures, other) of W/cells: `other` are cells (finished or failed) not in
+  the current `config`'s grid; they are left out of results/failures with a warning
+  unless `include_other_cells`."""
   results, failures = runner.load_results(workdir)
+  ids = current_cell_ids(config)
+  results, other = split_current(results, ids)
+  failures, other_failed = split_current(failures, ids)
+  other = other + other_failed
+  if other:
+    what = ", ".join(f"{r['cell_id']} ({_label(r)})" for r in other[:5])
+    more = f" and {len(other) - 5} more" if len(other) > 5 else ""
+    action = ("INCLUDED as asked (--include_other_cells)" if include_other_cells else
+              "excluded from results.csv and report.md (--include_other_cells includes them)")
+    log(f"[grid] WARNING: {len(other)} cells in {os.path.join(workdir, 'cells')} are not in "
+        f"the current grid config (left by an earlier config): {what}{more}; {action}")
+    if include_other_cells:
+      results = sorted(results + [r for r in other if r.get("status") == "ok"],
+                       key=lambda r: r["index"])
+      failures = sorted(failures + [r for r in other if r.get("status") != "ok"],
+                        key=lambda r: r["index"])
+  return results, failures, other
+
+
+def _label(res: dict) -> str:
+  return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in res.get("overrides", [])) or "base"
+
+
+def write_results_csv(workdir: str, config=None, *, include_other_cells: bool = False,
+                      log=print) -> tuple[str, list[dict], list[dict]]:
+  """Merge every finished cell (from any shard) of the current grid `config` into
+  W/results.csv, atomically (without `config`: every cell under W/cells)."""
+  results, failures, _ = select_results(workdir, config,
+                                        include_other_cells=include_other_cells, log=log)
+  path, rows = write_rows(workdir, results)
+  return path, rows, failures
+
+
+def write_rows(workdir: str, results: list[dict]) -> tuple[str, list[dict]]:
+  """W/results.csv of these cell results (atomically); returns (path, rows)."""
   rows = result_rows(results)
   path = os.path.join(workdir, "results.csv")
   io.write_text_atomic(path, to_csv(rows) if rows else "")
-  return path, rows, failures
+  return path, rows
 
 
 def read_results_csv(path: str) -> list[dict]:

@@ -3,7 +3,9 @@
 Layout of a grid workdir W:
   W/grid.json                 the expanded grid (cell ids, overrides), written once
   W/cells/<id>/config.json    the cell's full config
-  W/cells/<id>/result.json    written atomically when the cell finishes (then skipped)
+  W/cells/<id>/result.json    written atomically when the cell finishes (then skipped);
+                              `train_run` records the checkpoint step the cell used and
+                              whether its training completed (ceu_jax.workdir.run_info)
   W/cells/<id>/error.json     written when the cell fails (retried on the next run)
   W/driver-<i>of<N>.lock      one driver per shard; a second one is refused
   W/cells/<id>/.lock          held while a cell runs, so overlapping shards never
@@ -15,42 +17,30 @@ whatever it left in cell_dir (the training loop resumes from its checkpoints).
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import time
 import traceback
-from typing import Callable, Iterator
+from typing import Callable
 
 import ml_collections
 
-from ceu_jax import io
+from ceu_jax import io, locks
+from ceu_jax import progress as progress_lib
+from ceu_jax import workdir as workdir_lib
 from ceu_jax.grid import sweep as sweep_lib
 
 CellFn = Callable[[ml_collections.ConfigDict, str], dict]
 
 
-class LockHeld(RuntimeError):
+class LockHeld(locks.Locked):
   """Another process holds the lock."""
 
 
-@contextlib.contextmanager
-def file_lock(path: str, what: str) -> Iterator[None]:
-  """Exclusive, non-blocking flock; released when the process dies (even kill -9)."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-      raise LockHeld(f"{what} is locked by another process (pid {holder}): {path}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    yield
-  finally:
-    os.close(fd)
+def file_lock(path: str, what: str) -> locks.FileLock:
+  """Exclusive, non-blocking flock (a context manager); released when the process dies
+  (even kill -9). A second holder gets LockHeld naming the first (pid, host, command)."""
+  return locks.FileLock(path, what, error=LockHeld)
 
 
 def cell_dir(workdir: str, cell: sweep_lib.Cell) -> str:
@@ -83,10 +73,12 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn) -> str:
             traceback=traceback.format_exc(), time_wall_s=time.time() - start))
         logging.error("cell %s failed: %s: %s", cell.cell_id, type(e).__name__, e)
         return "failed"
+      train_dir = os.path.join(d, "train")
+      train_run = workdir_lib.run_info(train_dir) if os.path.isdir(train_dir) else None
       io.write_json_atomic(result_path, _record(
           cell, "ok", rows=out.get("rows", []),
           extra={k: v for k, v in out.items() if k != "rows"},
-          time_wall_s=time.time() - start))
+          train_run=train_run, time_wall_s=time.time() - start))
       if os.path.exists(os.path.join(d, "error.json")):
         os.unlink(os.path.join(d, "error.json"))
       return "done"
@@ -107,16 +99,22 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, cell_fn: CellFn, *
     io.write_json_atomic(os.path.join(workdir, "grid.json"), dict(
         num_cells=len(cells),
         cells=[dict(cell_id=c.cell_id, index=c.index, label=c.label()) for c in cells]))
+    todo = [c for c in mine
+            if not os.path.exists(os.path.join(cell_dir(workdir, c), "result.json"))]
+    prog = progress_lib.Progress(len(todo))
+    prog.update(0)
+    ran = 0
     for pos, cell in enumerate(mine, 1):
       tag = f"[grid] cell {pos}/{len(mine)} (shard {i}/{n}, #{cell.index}) {cell.cell_id} {cell.label()}"
       if os.path.exists(os.path.join(cell_dir(workdir, cell), "result.json")):
         log(f"{tag}: finished earlier, skipped")
         counts["skipped"] += 1
         continue
-      log(f"{tag}: running")
+      log(f"{tag}: running ({prog.line()})")
       outcome = run_cell(cell, workdir, cell_fn)
       counts[outcome] += 1
-      log(f"{tag}: {outcome}")
+      ran += 1
+      log(f"{tag}: {outcome} ({prog.update(ran)}, {len(todo) - ran} cells left)")
   log(f"[grid] shard {i}/{n}: {counts['done']} done, {counts['skipped']} skipped, "
       f"{counts['failed']} failed, {counts['busy']} busy elsewhere; "
       f"{len(mine)} cells in this shard, {len(cells)} in the grid")

@@ -8,7 +8,11 @@
   state). Restoring verifies the digest; an unreadable or mismatching latest
   step is moved to `<workdir>/corrupt_checkpoints/` with a warning and the
   previous step is tried. If steps exist but none is valid, `restore` raises
-  `CheckpointError`: a run never silently starts from scratch.
+  `CheckpointError`: a run never silently starts from scratch. Only real
+  corruption is quarantined: before restoring, the stored array tree (paths,
+  shapes, dtypes) is compared with the config's; a mismatch means the workdir was
+  trained with another config, raises `WorkdirConfigError` and touches nothing.
+  A read-only Checkpointer (audits) never moves, prunes or cleans anything.
 - `write_status` writes `<workdir>/status.json` atomically (temp + os.replace).
 - `PreemptionHandler` turns SIGTERM/SIGINT into a flag that the loop checks at
   the next step boundary (orbax's own preemption sync needs jax.distributed).
@@ -28,9 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
+
+from ceu_jax import workdir as workdir_lib
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(workdir_lib.WorkdirError):
   """No valid checkpoint although the workdir has some: refuse a fresh start."""
 
 
@@ -82,7 +89,10 @@ def write_json_atomic(path: str, payload: Any) -> None:
 
 
 def write_status(workdir: str, status: str, step: int, message: str = "", **extra) -> None:
-  """<workdir>/status.json = {status, step, message, time, ...} (process 0 only)."""
+  """<workdir>/status.json = {status, step, message, time, ...} (process 0 only).
+
+  The loop adds num_steps and checkpoint_step (the newest step whose save was started;
+  committed unless the process dies inside that save)."""
   if jax.process_index() != 0:
     return
   write_json_atomic(os.path.join(workdir, "status.json"),
@@ -139,14 +149,18 @@ class Checkpointer:
   """Orbax CheckpointManager with explicit latest-N + best-N retention."""
 
   def __init__(self, workdir: str, *, keep_latest: int, keep_best: int, best_metric: str,
-               best_mode: str, async_save: bool = True):
+               best_mode: str, async_save: bool = True, read_only: bool = False):
     self.workdir = workdir
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     self.keep_latest, self.keep_best = keep_latest, keep_best
     self.best_metric, self.best_mode = best_metric, best_mode
+    self.read_only = read_only
+    # Read-only (audits): no directory created, no temp dir of a running save cleaned up;
+    # save / prune / quarantine are refused or skipped here (orbax's own read_only mode
+    # only adds warnings).
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=None, create=True, cleanup_tmp_directories=True,
-        enable_async_checkpointing=async_save)
+        max_to_keep=None, create=not read_only, cleanup_tmp_directories=not read_only,
+        enable_async_checkpointing=async_save and not read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=("state", "meta"))
     self._meta: dict[int, dict] = {}
@@ -154,6 +168,8 @@ class Checkpointer:
   # --- save
   def save(self, step: int, state: Any, metrics: dict | None = None) -> None:
     """Start saving `state` at `step` (async); prunes the committed steps first."""
+    if self.read_only:
+      raise CheckpointError(f"{self.directory}: this Checkpointer is read-only")
     self.manager.wait_until_finished()
     self.prune()
     meta = {"step": int(step), "digest": state_digest(state), "metrics": metrics or {},
@@ -168,7 +184,8 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.wait_until_finished()
-    self.prune()
+    if not self.read_only:
+      self.prune()
     self.manager.close()
 
   # --- retention
@@ -194,6 +211,8 @@ class Checkpointer:
     return keep
 
   def prune(self) -> None:
+    if self.read_only:
+      return
     self.manager.reload()
     steps = list(self.manager.all_steps())
     keep = self.keep_set(steps)
@@ -207,9 +226,37 @@ class Checkpointer:
     self.manager.reload()
     return sorted(self.manager.all_steps())
 
+  def stored_layout(self, step: int) -> dict[str, tuple]:
+    """{'params/reader/...': (shape, dtype)} of a step's stored state (no arrays read).
+    Raises if the step's metadata is unreadable (a corrupt step)."""
+    path = epath.Path(self.directory) / str(step) / "state"
+    meta = ocp.StandardCheckpointHandler().metadata(path)
+    tree = getattr(meta, "tree", meta)
+    return _layout(tree)
+
+  def check_layout(self, step: int, abstract_state: Any) -> bool:
+    """False if the step's metadata is unreadable; raises WorkdirConfigError if the
+    stored arrays differ from `abstract_state`'s (another config); True if they match."""
+    try:
+      stored = self.stored_layout(step)
+    except Exception:  # pylint: disable=broad-except
+      return False
+    mismatch = layout_diff(stored, _layout(abstract_state))
+    if mismatch:
+      raise workdir_lib.WorkdirConfigError(
+          f"this workdir ({self.workdir}) was trained with a different config: the arrays "
+          f"of its checkpoint step {step} differ from this config's model ({mismatch}). "
+          "Nothing was moved; use the workdir's own config (W/config.json) or another "
+          "--workdir")
+    return True
+
   def _quarantine(self, step: int, reason: str) -> None:
     src = os.path.join(self.directory, str(step))
     dst_dir = os.path.join(os.path.abspath(self.workdir), "corrupt_checkpoints")
+    if self.read_only:
+      logging.warning("checkpoint step %d is unusable (%s); falling back to the previous "
+                      "step (read-only: left in place)", step, reason)
+      return
     logging.warning("checkpoint step %d is unusable (%s); moving it to %s and falling back "
                     "to the previous step", step, reason, dst_dir)
     if jax.process_index() == 0 and os.path.exists(src):
@@ -228,7 +275,11 @@ class Checkpointer:
     if not steps:
       return None
     tried = []
+    checked = False
     for step in reversed(steps):
+      # A structure mismatch (another config) raises here, before anything is moved.
+      if not checked and self.check_layout(step, abstract_state):
+        checked = True
       try:
         out = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
@@ -247,5 +298,48 @@ class Checkpointer:
       return state, step, meta
     raise CheckpointError(
         f"{self.directory} holds checkpoints {steps} but none could be restored "
-        f"({tried}); refusing to start from scratch. Move the workdir away to start a "
-        "fresh run.")
+        f"({tried}); refusing to start from scratch. Rerun with --fresh to move the old "
+        "files aside and start a fresh run.")
+
+
+# ---------------------------------------------------------------- layout check
+def _key_name(k: Any) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def _layout(tree: Any) -> dict[str, tuple]:
+  """{'params/a/kernel': (shape, dtype name)} for every array leaf of `tree`."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    shape = getattr(leaf, "shape", None)
+    dtype = getattr(leaf, "dtype", None)
+    out["/".join(_key_name(k) for k in path)] = (
+        None if shape is None else tuple(int(d) for d in shape),
+        None if dtype is None else np.dtype(dtype).name)
+  return out
+
+
+def layout_diff(stored: dict[str, tuple], wanted: dict[str, tuple], show: int = 3) -> str:
+  """'' if equal, else a short description: arrays only in the checkpoint, only in
+  the config, and arrays whose shape/dtype differ (a few examples of each)."""
+  parts = []
+  only_stored = sorted(set(stored) - set(wanted))
+  only_wanted = sorted(set(wanted) - set(stored))
+  changed = sorted(k for k in set(stored) & set(wanted) if stored[k] != wanted[k])
+  def ex(keys, fmt):
+    more = f", ... {len(keys) - show} more" if len(keys) > show else ""
+    return ", ".join(fmt(k) for k in keys[:show]) + more
+  if changed:
+    parts.append(f"{len(changed)} arrays differ in shape or dtype, e.g. " + ex(
+        changed, lambda k: f"{k} {stored[k][0]} {stored[k][1]} in the checkpoint vs "
+                           f"{wanted[k][0]} {wanted[k][1]}"))
+  if only_stored:
+    parts.append(f"{len(only_stored)} arrays only in the checkpoint, e.g. "
+                 + ex(only_stored, str))
+  if only_wanted:
+    parts.append(f"{len(only_wanted)} arrays only in this config's model, e.g. "
+                 + ex(only_wanted, str))
+  return "; ".join(parts)

@@ -2,8 +2,9 @@
 
 `validate(config, num_devices)` raises ValueError whose message starts with the
 offending field's dotted name (e.g. "cer.alpha must be in (0, 1], got 1.5").
-`check_resume_compatible(stored, config)` raises ValueError naming the first
-field whose change makes a checkpoint unusable (architecture, n, task, ...).
+`check_resume_compatible(stored, config)` raises WorkdirConfigError (a ValueError)
+naming every field whose change makes a checkpoint unusable (architecture, n,
+task, ...); ceu_jax.workdir has the full restart policy (`check_config_change`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import math
 from typing import Any, Callable, Mapping
 
 import architectures
+from ceu_jax import workdir as workdir_lib
 from ceu_jax.data import tasks
 from ceu_jax.train import losses
 from ceu_jax.train import sharding as sharding_lib
@@ -28,10 +30,7 @@ LOGICAL_AXES = ("batch", "length", "ctx", "embed", "heads", "kv", "mlp", "vocab"
 # Eval metric -> 'max' | 'min' (which direction is better, for the best checkpoint).
 BEST_METRICS = {"em": "max", "nll": "min", "ceu_ev": "max", "supported_0.5": "max"}
 # Fields whose change between runs in one workdir invalidates the checkpoint.
-RESUME_FIXED = ("data.task", "data.variant", "data.context_len", "data.num_passages",
-                "data.answer_len", "data.query_len", "data.n_ids", "data.n_keys", "data.n_values",
-                "data.n_filler", "model.family", "model.preset", "model.retrieval_layers",
-                "model.bypass", "model.dtype", "model.overrides")
+RESUME_FIXED = workdir_lib.FIXED_FIELDS
 
 
 def _is_num(x: Any) -> bool:
@@ -217,24 +216,10 @@ def to_json(config: Any) -> str:
       config, "to_json_best_effort") else json.dumps(config, indent=2, sort_keys=True)
 
 
-def _lookup(tree: Mapping, dotted: str) -> Any:
-  node: Any = tree
-  for part in dotted.split("."):
-    if not isinstance(node, Mapping) or part not in node:
-      return None
-    node = node[part]
-  return node
-
-
-def _norm(x: Any) -> Any:
-  return json.loads(json.dumps(x, default=str)) if x is not None else None
-
-
 def check_resume_compatible(stored: Mapping, config: Any) -> None:
-  """ValueError naming the first RESUME_FIXED field that differs from `stored`."""
-  current = json.loads(to_json(config))
-  for field in RESUME_FIXED:
-    old, new = _norm(_lookup(stored, field)), _norm(_lookup(current, field))
-    if (old or None) != (new or None):
-      raise ValueError(f"{field} changed from {old!r} to {new!r} since this workdir's run "
-                       "started; its checkpoints cannot be resumed (use a new --workdir)")
+  """WorkdirConfigError naming every RESUME_FIXED field that differs from `stored`."""
+  diff = workdir_lib.config_diff(stored, config, RESUME_FIXED)
+  if diff:
+    raise workdir_lib.WorkdirConfigError(
+        f"this workdir was trained with a different config: {workdir_lib.format_diff(diff)};"
+        " its checkpoints cannot be used with this config (use a new --workdir)", diff)

@@ -3,28 +3,37 @@
 Steps are numbered 1..train.num_steps; step s is the s-th optimiser update,
 uses data batch s − 1 and rng fold_in(rng, s − 1), and a checkpoint at step s
 holds the state after s updates. Files in the workdir:
-  config.json      the config of the run (checked on resume: architecture, n, task)
-  status.json      {status: running|completed|preempted|diverged, step, message}
+  config.json      the config of the run (checked on every restart, ceu_jax.workdir:
+                   model fields never change, training fields only when declared)
+  provenance.json  history of starts, resumes (with declared/free config changes), --fresh
+  status.json      {status: running|completed|preempted|diverged|failed, step,
+                   checkpoint_step, num_steps, message}, rewritten at every checkpoint
   metrics.jsonl    train/eval metric lines (process 0), tensorboard/ likewise
   checkpoints/     orbax steps (latest N + best N by eval.best_metric)
   eval_final.json  summarize_audit of the final evaluation, per corruption
+  .train.lock      held while a `train` runs: a second one on the workdir is refused
+A workdir with signs of an earlier run (status, metrics, quarantined checkpoints)
+but no checkpoint is never retrained from step 0 unless `fresh=True`, which moves
+the earlier files to previous/<time>/ first.
 Ends: normally (returns a dict); `Preempted` after SIGTERM/SIGINT (checkpoint
 saved at the step boundary); `Diverged` at the first non-finite loss or
 gradient (no checkpoint of that or a later step is written).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
-import time
-from typing import Any
+from typing import Any, Iterable
 
 import flax.linen as nn
 import jax
 import numpy as np
 from absl import logging
 
+from ceu_jax import progress as progress_lib
+from ceu_jax import workdir as workdir_lib
 from ceu_jax.train import checkpoint as ckpt_lib
 from ceu_jax.train import config as config_lib
 from ceu_jax.train import evaluation
@@ -59,14 +68,35 @@ def _debug_kill(spec: str, point: str, step: int) -> None:
     os.kill(os.getpid(), sig)
 
 
-def _prepare_workdir(config: Any, workdir: str) -> None:
+def _check_workdir(config: Any, workdir: str, fresh: bool,
+                   allow_config_change: Iterable[str] | str) -> list:
+  """--fresh: move an earlier run aside. Else: the changes from W/config.json's config
+  (raises WorkdirConfigError for a model field or an undeclared training field)."""
   os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "config.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      config_lib.check_resume_compatible(json.load(f), config)
-  elif jax.process_index() == 0:
+  if fresh and jax.process_index() == 0:
+    moved = workdir_lib.move_aside(workdir)
+    if moved:
+      logging.warning("--fresh: moved the earlier run's files to %s", moved)
+  stored = workdir_lib.read_config_json(workdir)
+  if stored is None:
+    return []
+  return workdir_lib.check_config_change(stored, config, allow=allow_config_change,
+                                         what=f"this workdir ({workdir})")
+
+
+def _record_start(config: Any, workdir: str, start: int, changes: list) -> None:
+  """Write config.json (the run's current config) and the start/resume event."""
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+  if changes or not os.path.exists(path):
     ckpt_lib.write_json_atomic(path, json.loads(config_lib.to_json(config)))
+  for f, old, new, kind in changes:
+    level = logging.WARNING if kind == "declared" else logging.INFO
+    logging.log(level, "config change (%s) from step %d: %s %r -> %r", kind, start, f, old,
+                new)
+  workdir_lib.record_event(workdir, "resume" if start else "start", step=start,
+                           changes=[list(c) for c in changes])
 
 
 def _host(tree: Any) -> dict:
@@ -74,13 +104,25 @@ def _host(tree: Any) -> dict:
 
 
 def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = None,
-                       site: str | None = None) -> dict:
+                       site: str | None = None, fresh: bool = False,
+                       allow_config_change: Iterable[str] | str = ()) -> dict:
   """Train (or resume) the run of `config` in `workdir`; returns the final metrics.
 
+  `fresh`: move an earlier run's files to W/previous/<time>/ and start from step 0.
+  `allow_config_change`: training fields (dotted, or a section such as 'cer') that may
+  differ from W/config.json's; the change is recorded in W/provenance.json.
   `model`/`site` replace the configured architecture (tests with toy models).
+  Raises ValueError (bad config), WorkdirConfigError (another config trained this
+  workdir), WorkdirLocked (another `train` runs here), EarlierRunError (an earlier
+  run without a checkpoint) before anything compiles.
   """
   config_lib.validate(config, jax.device_count())
-  _prepare_workdir(config, workdir)
+  with workdir_lib.maybe_lock(workdir, "train", enabled=jax.process_index() == 0):
+    return _train(config, workdir, model, site, fresh, allow_config_change)
+
+
+def _train(config, workdir, model, site, fresh, allow_config_change) -> dict:
+  changes = _check_workdir(config, workdir, fresh, allow_config_change)
   task = task_lib.build_task(config, model, site)
   t, seed = config.train, int(config.seed)
   mesh = sharding_lib.make_mesh(config.sharding)
@@ -97,18 +139,33 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
                                keep_best=int(t.keep_best), best_metric=best_metric,
                                best_mode=config_lib.BEST_METRICS[best_metric],
                                async_save=bool(t.async_checkpointing))
-  restored = ckpt.restore(abstract)
+  num_steps = int(t.num_steps)
+  try:
+    restored = ckpt.restore(abstract)
+    if restored is None and not fresh:
+      evidence = workdir_lib.earlier_run_evidence(workdir, int(t.checkpoint_every))
+      if evidence:
+        raise workdir_lib.EarlierRunError(
+            f"{workdir} has no checkpoint to resume from, but it shows an earlier run ("
+            f"{'; '.join(evidence)}). Refusing to retrain from step 0 silently: rerun "
+            "with --fresh to move the earlier files to "
+            f"{workdir_lib.PREVIOUS_DIR}/<time>/ and start again, or use another --workdir")
+  except BaseException:
+    ckpt.manager.close()
+    raise
   if restored is None:
     state = sharding_lib.init_sharded(init_fn, params_rng, shardings, mesh, rules)
     start = 0
   else:
     state, start, _ = restored
     logging.info("resumed from checkpoint step %d", start)
+  _record_start(config, workdir, start, changes)
   writer = metric_writer.MetricWriter(workdir)
   writer.truncate_after(start)
-  ckpt_lib.write_status(workdir, "running", start)
+  status_extra = dict(num_steps=num_steps)
+  ckpt_lib.write_status(workdir, "running", start,
+                        checkpoint_step=start if restored is not None else None, **status_extra)
 
-  num_steps = int(t.num_steps)
   train_step = state_lib.make_train_step(
       task.model, tx, task.site, task.loss_cfg, nan_step=int(t.debug_nan_step),
       state_shardings=shardings, batch_sharding=batch_sharding, axis_rules=rules,
@@ -124,6 +181,7 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
     nonlocal saved_at
     ckpt.save(step, state, metrics)
     saved_at = step
+    ckpt_lib.write_status(workdir, "running", step, checkpoint_step=step, **status_extra)
     _debug_kill(kill, "in_save", step)
     if kill == f"after_save:{step}":
       ckpt.wait()
@@ -131,13 +189,18 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
 
   def run_eval(step: int) -> dict:
     nonlocal evaluator
+    tic = progress_lib.Progress(1)
     if evaluator is None:
       evaluator = evaluation.Evaluator(config, task, batch_sharding)
+    logging.info("eval step %d: %d examples x %d corruptions (%s) ...", step,
+                 int(config.eval.num_examples), len(config.eval.corruptions),
+                 ", ".join(config.eval.corruptions))
     metrics, rows = evaluator.evaluate(state.params)
     last_eval[:] = [step, rows]
     writer.write(step, "eval", metrics)
-    logging.info("eval step %d: %s", step, ", ".join(
-        f"{k}={v:.4g}" for k, v in metrics.items() if "/" not in k))
+    logging.info("eval step %d: %s (%s)", step, ", ".join(
+        f"{k}={v:.4g}" for k, v in metrics.items() if "/" not in k),
+                 f"took {progress_lib.fmt_duration(tic.elapsed())}")
     return metrics, rows
 
   last_step = [start]
@@ -146,7 +209,8 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
     nonlocal state, eval_metrics, last_train
     with sharding_lib.mesh_context(mesh), nn.logical_axis_rules(rules), \
         ckpt_lib.PreemptionHandler() as preempt:
-      tic, tic_step = time.time(), start
+      prog = progress_lib.Progress(num_steps, done=start)
+      tic, tic_step = prog.clock(), start
       for step in range(start + 1, num_steps + 1):
         last_step[0] = step - 1
         batch = sharding_lib.shard_batch(task_lib.train_batch(task, step - 1, int(t.batch_size)),
@@ -158,7 +222,9 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
           msg = (f"non-finite loss or gradient at step {step} (loss={float(host['loss'])}, "
                  f"grad_norm={float(host['grad_norm'])}); stopping without checkpointing it")
           ckpt.wait()
-          ckpt_lib.write_status(workdir, "diverged", step, msg)
+          ckpt_lib.write_status(workdir, "diverged", step, msg,
+                                checkpoint_step=saved_at if saved_at >= 0 else None,
+                                **status_extra)
           writer.close()
           logging.error(msg)
           raise Diverged(step, msg)
@@ -166,13 +232,14 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
         _debug_kill(kill, "sigterm", step)
         if step % int(t.log_every) == 0 or step == start + 1 or step == num_steps:
           last_train = _host(metrics)
-          now = time.time()
+          now = prog.clock()
           perf = {"perf/steps_per_sec": (step - tic_step) / max(now - tic, 1e-9)}
           tic, tic_step = now, step
           writer.write(step, "train", {**last_train, **perf})
-          logging.info("step %d/%d loss=%.4f task_nll=%.4f grad_norm=%.3g (%.1f steps/s)", step,
-                       num_steps, float(last_train["loss"]), float(last_train["task_nll"]),
-                       float(last_train["grad_norm"]), perf["perf/steps_per_sec"])
+          logging.info("step %d/%d loss=%.4f task_nll=%.4f grad_norm=%.3g (%.1f steps/s, %s)",
+                       step, num_steps, float(last_train["loss"]),
+                       float(last_train["task_nll"]), float(last_train["grad_norm"]),
+                       perf["perf/steps_per_sec"], prog.update(step))
         evaluated = {}
         if int(t.eval_every) and (step % int(t.eval_every) == 0 or step == num_steps):
           eval_metrics, _ = run_eval(step)
@@ -184,7 +251,8 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
             save(step, evaluated)
           ckpt.close()
           ckpt_lib.write_status(workdir, "preempted", step,
-                                f"signal {preempt.requested}; checkpoint saved at step {step}")
+                                f"signal {preempt.requested}; checkpoint saved at step {step}",
+                                checkpoint_step=step, **status_extra)
           writer.close()
           raise Preempted(step, preempt.requested or 0)
 
@@ -204,7 +272,8 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
                                      {"step": final_step, "periodic": eval_metrics,
                                       "summary": result["final_eval"]})
     writer.close()
-    ckpt_lib.write_status(workdir, "completed", final_step)
+    ckpt_lib.write_status(workdir, "completed", final_step, checkpoint_step=final_step,
+                          **status_extra)
     return result
 
   try:
@@ -212,14 +281,34 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
   except (Preempted, Diverged):
     raise
   except BaseException as e:  # status says why the run stopped, then re-raise
-    ckpt_lib.write_status(workdir, "failed", last_step[0], f"{type(e).__name__}: {e}"[:2000])
+    ckpt_lib.write_status(workdir, "failed", last_step[0], f"{type(e).__name__}: {e}"[:2000],
+                          checkpoint_step=saved_at if saved_at >= 0 else None, **status_extra)
     raise
 
 
-def load_trained_params(config: Any, workdir: str, *, model: nn.Module | None = None) -> dict:
-  """Model variables {'params': ...} (host numpy) of the newest valid checkpoint in
-  `workdir` (a run of `config`); CheckpointError if there is none."""
+@dataclasses.dataclass(frozen=True)
+class LoadedCheckpoint:
+  variables: dict      # {'params': host numpy arrays} of the restored step
+  step: int            # the checkpoint step restored (older than the newest if that is corrupt)
+  meta: dict           # its meta item: digest, eval metrics at save time, save time
+  run: dict            # ceu_jax.workdir.run_info(workdir): status, num_steps, completed, warning
+
+
+def load_checkpoint(config: Any, workdir: str, *, model: nn.Module | None = None
+                    ) -> LoadedCheckpoint:
+  """The newest valid checkpoint of `workdir` (a run of `config`), read-only.
+
+  Before anything is built or read: W/config.json's model fields must equal the
+  config's (WorkdirConfigError naming each differing field), then the stored array
+  layout must match the config's model (WorkdirConfigError naming arrays, for
+  workdirs without config.json). Nothing in the workdir is moved, pruned or cleaned:
+  a corrupt newest step is skipped with a warning and left in place.
+  CheckpointError if there is no checkpoint or none is valid.
+  """
   config_lib.validate(config, jax.device_count())
+  workdir_lib.check_same_config(config, workdir, fields=workdir_lib.FIXED_FIELDS)
+  if not workdir_lib.checkpoint_steps(workdir):
+    raise ckpt_lib.CheckpointError(f"no checkpoint in {workdir}")
   task = task_lib.build_task(config, model)
   mesh = sharding_lib.make_mesh(config.sharding)
   rules = sharding_lib.rules(config.sharding)
@@ -229,11 +318,19 @@ def load_trained_params(config: Any, workdir: str, *, model: nn.Module | None = 
   best_metric = str(config.eval.best_metric)
   ckpt = ckpt_lib.Checkpointer(workdir, keep_latest=int(config.train.keep_latest),
                                keep_best=int(config.train.keep_best), best_metric=best_metric,
-                               best_mode=config_lib.BEST_METRICS[best_metric])
+                               best_mode=config_lib.BEST_METRICS[best_metric], read_only=True)
   try:
     restored = ckpt.restore(abstract)
   finally:
     ckpt.manager.close()
   if restored is None:
     raise ckpt_lib.CheckpointError(f"no checkpoint in {workdir}")
-  return {"params": jax.device_get(restored[0].params)}
+  state, step, meta = restored
+  return LoadedCheckpoint(variables={"params": jax.device_get(state.params)}, step=int(step),
+                          meta=dict(meta), run=workdir_lib.run_info(workdir))
+
+
+def load_trained_params(config: Any, workdir: str, *, model: nn.Module | None = None) -> dict:
+  """Model variables {'params': ...} (host numpy) of the newest valid checkpoint in
+  `workdir` (a run of `config`); see `load_checkpoint` for the checks (read-only)."""
+  return load_checkpoint(config, workdir, model=model).variables

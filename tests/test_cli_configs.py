@@ -1,0 +1,115 @@
+"""Strict config arguments (issue #13 acceptance 7) and the entry points' one-line
+errors and quiet logs (acceptance 5)."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ceu_jax import cli
+from configs import atr_insert, common, factqa, smoke
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("arg,match", [
+    ("tiny,bypass=treu", r"bypass='treu' is not allowed: bypass must be one of true, yes, 1, "
+                         r"false, no, 0"),
+    ("tiny,context_len=0", r"context_len must be an integer >= 1"),
+    ("tiny,steps=0", r"steps must be an integer >= 1"),
+    ("tiny,steps=2.5", r"steps must be an integer >= 1"),
+    ("tiny,rho=1.5", r"rho must be a number >= 0.0 and <= 1.0"),
+    ("tiny,delta=nan", r"delta must be a number"),
+    ("tiny,seed=-1", r"seed must be an integer >= 0"),
+    ("tiny,family=transformer", r"family must be one of attention, ssm, memory_port"),
+    ("tiny,preset=p1m", r"preset must be one of p100k, p400k, p1500k"),
+    ("tiny,steps=3,steps=4", r"'steps' is given twice"),
+    ("tiny,nope=1", r"'nope' is unknown"),
+])
+def test_bad_config_arguments_are_errors(arg, match):
+  with pytest.raises(ValueError, match=match):
+    atr_insert.get_config(arg)
+
+
+def test_config_arguments_parse_and_defaults_are_the_variants():
+  c = atr_insert.get_config("tiny,bypass=TRUE,context_len=64,steps=7,rho=0.5,family=ssm")
+  assert (c.model.bypass, c.data.context_len, c.train.num_steps, c.data.rho,
+          c.model.family) == (True, 64, 7, 0.5, "ssm")
+  c = atr_insert.get_config("tiny,bypass=no")
+  assert (c.model.bypass, c.data.context_len, c.train.num_steps, c.model.preset) == (
+      False, 128, 3000, "p100k")
+  assert atr_insert.get_config("base").data.context_len == 512
+  f = factqa.get_config("tiny,family=ssm,steps=5,sources=squad")
+  assert (f.model.family, f.train.num_steps, f.data.sources) == ("ssm", 5, ("squad",))
+  assert factqa.get_config("tiny").train.num_steps == 1000
+  with pytest.raises(ValueError, match="counterfactual"):
+    factqa.get_config("tiny,counterfactual=maybe")
+  assert smoke.get_config("tiny,steps=3").train.num_steps == 3
+  with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+    smoke.get_config("tiny,steps=0")
+
+
+def test_plain_defaults_keep_their_type():
+  a = common.parse_arg("x=3,y=0.5,z=yes,w=abc", x=1, y=0.0, z=False, w="")
+  assert (a.x, a.y, a.z, a.w) == (3, 0.5, True, "abc")
+  with pytest.raises(ValueError, match="x must be an integer"):
+    common.parse_arg("x=3.5", x=1)
+
+
+def test_smoke_tiny_crosses_family_and_regulariser():
+  from ceu_jax.grid import sweep
+  cells = sweep.expand(smoke.get_config("tiny"))
+  got = {(c.config.model.family, c.config.cer.regularizer, c.config.cer.lambda_ev)
+         for c in cells}
+  assert got == {(f, r, lam) for f in ("attention", "memory_port")
+                 for r, lam in (("none", 0.0), ("evidence", 1.0))}
+
+
+def test_third_party_info_is_filtered_ours_and_warnings_kept():
+  f = cli._ThirdPartyInfoFilter()  # pylint: disable=protected-access
+  ours = os.path.join(ROOT, "ceu_jax", "train", "loop.py")
+  orbax = "/venv/lib/python3.11/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  rec = lambda path, level: logging.LogRecord("absl", level, path, 1, "m", (), None)
+  assert f.filter(rec(ours, logging.INFO))
+  assert not f.filter(rec(orbax, logging.INFO))
+  assert f.filter(rec(orbax, logging.WARNING))
+  tfds = "/venv/lib/python3.11/site-packages/tensorflow_datasets/core/dataset_builder.py"
+  benign = logging.LogRecord("absl", logging.WARNING, tfds, 1,
+                             "Using custom data configuration: %s", ("x",), None)
+  assert not f.filter(benign)
+
+
+def test_one_line_errors():
+  assert cli.one_line(ValueError("cer.alpha must be in (0, 1],\n got 1.5")) == (
+      "error: cer.alpha must be in (0, 1], got 1.5 (--verbosity=1 shows the traceback)")
+  assert cli.one_line(FileNotFoundError("x")).startswith("error: FileNotFoundError: x")
+  verbose = cli._verbose_argv  # pylint: disable=protected-access
+  assert verbose(["--verbosity=1"]) and verbose(["-v", "2"])
+  assert not verbose(["--verbosity=0", "--x=1"])
+
+
+def _run(*args):
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_entry_point_errors_are_one_line_exit_1(tmp_path):
+  w = str(tmp_path / "w")
+  proc = _run("--config=configs/atr_insert.py:tiny,bypass=treu", f"--workdir={w}")
+  assert proc.returncode == 1
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: --config: config argument bypass="), \
+      proc.stderr
+  proc = _run("--config=configs/atr_insert.py:tiny", f"--workdir={w}", "--config.cer.alpha=1.5")
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines() == [
+      "error: cer.alpha must be in (0, 1], got 1.5 (--verbosity=1 shows the traceback)"]
+  assert not os.path.exists(w)
+  proc = _run("--config=configs/atr_insert.py:tiny", f"--workdir={w}", "--config.cer.alpha=1.5",
+              "--verbosity=1")
+  assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
