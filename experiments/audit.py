@@ -23,7 +23,7 @@ def main(argv):
   for name, s in summary["corruptions"].items():
     ceu = s["ceu"]
     print(f"[audit] {name}: EM {_num(s['accuracy']['em']['value'])}, mean CEU_ev "
-          f"{_stat(ceu['ev']['all']['mean'])}, control {_stat(ceu['ctrl']['all']['mean'])}, "
+          f"{_stat(ceu['ev']['all']['mean'])}, control {_stat(ceu['control']['all']['mean'])}, "
           f"supported@0.5 {_num(s['supported_answer_rate'].get('0.5', {}).get('value'))}, "
           f"degenerate {s['n_degenerate']}")
 

@@ -74,7 +74,7 @@ def _host(tree: Any) -> dict:
 
 
 def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = None,
-                       site: str | None = None) -> dict:
+                       site: Any = None) -> dict:
   """Train (or resume) the run of `config` in `workdir`; returns the final metrics.
 
   `model`/`site` replace the configured architecture (tests with toy models).
@@ -202,6 +202,7 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
         if jax.process_index() == 0:
           ckpt_lib.write_json_atomic(os.path.join(workdir, "eval_final.json"),
                                      {"step": final_step, "periodic": eval_metrics,
+                                      "eval_set": dict(evaluator.data.identity),
                                       "summary": result["final_eval"]})
     writer.close()
     ckpt_lib.write_status(workdir, "completed", final_step)
