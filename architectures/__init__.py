@@ -2,12 +2,12 @@
 
 Public API (docs/conventions.md §2-§4):
   build_model(model_cfg, *, vocab_size, context_len, num_passages, query_len, answer_len)
-  read_port_sites(model_cfg) -> [(module path, 'read')]
+  read_port_sites(model_cfg) -> [engine.Site]; read_port_site(model_cfg) -> THE port f
   FAMILIES, PRESETS, span_decomposition(family), port_mask(spec, ports),
   count_params(model), init_params(model, rng), describe(config) -> str
 """
 from architectures.api import (build_model, count_params, dummy_inputs, init_params,
-                               param_table, port_mask, read_port_sites,
+                               param_table, port_mask, read_port_site, read_port_sites,
                                reference_param_count, span_decomposition)
 from architectures.describe import describe, describe_rows
 from architectures.spec import (FAMILIES, PRESETS, RETRIEVAL_LAYERS, ArchSpec, make_spec,
@@ -16,6 +16,6 @@ from architectures.spec import (FAMILIES, PRESETS, RETRIEVAL_LAYERS, ArchSpec, m
 __all__ = [
     "FAMILIES", "PRESETS", "RETRIEVAL_LAYERS", "ArchSpec", "build_model", "count_params",
     "describe", "describe_rows", "dummy_inputs", "init_params", "make_spec", "param_table",
-    "port_mask", "read_port_sites", "reference_param_count", "span_decomposition",
+    "port_mask", "read_port_site", "read_port_sites", "reference_param_count", "span_decomposition",
     "validate_model_config",
 ]

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from architectures.model import RETRIEVALS, RetrievalModel
+from ceu_jax.engine.sites import Site
 from architectures.spec import (FAMILIES, PRESETS, REFERENCE_VOCAB, ArchSpec, make_spec,
                                 retrieval_layer_indices)
 
@@ -26,10 +27,19 @@ def build_model(model_cfg: Any, *, vocab_size: int, context_len: int, num_passag
                                   answer_len=answer_len))
 
 
-def read_port_sites(model_cfg: Any) -> list[tuple[str, str]]:
-  """[(module path, method)] of every read port, shallowest reader layer first."""
-  return [(f"reader/block_{i}/retrieval", READ_METHOD)
+def read_port_sites(model_cfg: Any) -> list[Site]:
+  """Every read port of the model, shallowest reader layer first."""
+  return [Site(f"reader/block_{i}/retrieval", READ_METHOD)
           for i in retrieval_layer_indices(model_cfg)]
+
+
+def read_port_site(model_cfg: Any) -> Site:
+  """THE read port f of the config (`model.read_port` indexes `read_port_sites`;
+  default -1, the last): the one CER trains and every audit scores."""
+  sites = read_port_sites(model_cfg)       # validates model.read_port too
+  index = model_cfg.get("read_port", -1) if hasattr(model_cfg, "get") else getattr(
+      model_cfg, "read_port", -1)
+  return sites[index]
 
 
 def span_decomposition(family: str) -> str:

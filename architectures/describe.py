@@ -21,7 +21,7 @@ def task_sizes(config: Any) -> dict[str, int]:
     atr = ATRConfig.from_config(data)
     return dict(vocab_size=atr.vocab.size, context_len=atr.context_len,
                 num_passages=atr.num_passages, query_len=atr.query_len,
-                answer_len=atr.target_len)
+                answer_len=atr.answer_len)
   return dict(vocab_size=REFERENCE_VOCAB, context_len=128, num_passages=8, query_len=6,
               answer_len=1)
 
@@ -38,7 +38,7 @@ def describe_rows(config: Any = None) -> list[dict[str, Any]]:
       spec = make_spec(cfg, **sizes)
       rows.append(dict(
           family=family, preset=preset, params=count_params(build_model(cfg, **sizes)),
-          ports=spec.num_ports, sites=[f"{p}:{m}" for p, m in read_port_sites(cfg)],
+          ports=spec.num_ports, sites=[str(s) for s in read_port_sites(cfg)],
           span_decomposition=span_decomposition(family),
           exact=span_decomposition(family) == "exact"))
   return rows

@@ -5,6 +5,9 @@ has the fields
   family            one of FAMILIES
   preset            one of PRESETS
   retrieval_layers  'last' | 'all'   (read port at the last reader layer / at every one)
+  read_port         int              (which read port is THE port f that CER trains and
+                                      every audit scores: an index into the read ports,
+                                      shallowest first; -1 = the last)
   bypass            bool             (retrieved tokens also enter the reader's sequence)
   dtype             'float32' | 'bfloat16' (compute dtype; parameters stay float32)
 and optionally `overrides` (a mapping of ArchSpec width fields, for experiments).
@@ -125,6 +128,14 @@ def validate_model_config(cfg: Any) -> None:
   _choice("retrieval_layers", _get(cfg, "retrieval_layers", "last"), RETRIEVAL_LAYERS)
   _choice("dtype", _get(cfg, "dtype", "float32"), tuple(DTYPES))
   bypass = _get(cfg, "bypass", False)
+  read_port = _get(cfg, "read_port", -1)
+  n_ports = len(_retrieval_layers(cfg))
+  if isinstance(read_port, bool) or not isinstance(read_port, int) or not (
+      -n_ports <= read_port < n_ports):
+    raise ValueError(f"model.read_port must be an integer in [{-n_ports}, {n_ports - 1}] "
+                     f"(an index into the {n_ports} read port(s) of retrieval_layers="
+                     f"{_get(cfg, 'retrieval_layers', 'last')!r}; -1 = the last), "
+                     f"got {read_port!r}")
   if not isinstance(bypass, bool):
     raise ValueError(f"model.bypass must be one of (False, True), got {bypass!r}")
   overrides = dict(_get(cfg, "overrides", None) or {})
@@ -140,14 +151,23 @@ def validate_model_config(cfg: Any) -> None:
 
 def reader_layer_count(cfg: Any) -> int:
   validate_model_config(cfg)
+  return _reader_layers(cfg)
+
+
+def _reader_layers(cfg: Any) -> int:
   overrides = dict(_get(cfg, "overrides", None) or {})
   return overrides.get("reader_layers", PRESETS[_get(cfg, "preset")]["reader"]["reader_layers"])
 
 
+def _retrieval_layers(cfg: Any) -> tuple[int, ...]:
+  n = _reader_layers(cfg)
+  return tuple(range(n)) if _get(cfg, "retrieval_layers", "last") == "all" else (n - 1,)
+
+
 def retrieval_layer_indices(cfg: Any) -> tuple[int, ...]:
   """Reader layers that hold a read port: the last one or all of them."""
-  n = reader_layer_count(cfg)
-  return tuple(range(n)) if _get(cfg, "retrieval_layers", "last") == "all" else (n - 1,)
+  validate_model_config(cfg)
+  return _retrieval_layers(cfg)
 
 
 def make_spec(cfg: Any, *, vocab_size: int, context_len: int, num_passages: int,

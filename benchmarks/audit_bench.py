@@ -57,12 +57,12 @@ import jax
 import jax.numpy as jnp
 
 import architectures
-from ceu_jax import engine
-from ceu_jax.audit import make_loglik_fn
+from ceu_jax import auditor, engine
 from ceu_jax.data import atr, corruptions
-from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.engine import hoist
 from ceu_jax.engine.sites import run_hooked
+from ceu_jax.retrieval_adapter import ModelInputs
+from configs import atr_insert
 
 KS = (1, 4, 16, 64)
 METHOD = __doc__.split("(measured, not assumed):")[1].split("Every timing")[0].rstrip()
@@ -72,32 +72,39 @@ FULL = dict(preset="p100k", batch=32, context_len=256, repeats=3, ks=",".join(ma
 
 @dataclasses.dataclass
 class Setup:
-  """One family's model, inputs and read port."""
+  """One family's audited model (`ceu_jax.auditor`), variables and inputs."""
   family: str
-  loglik_fn: Callable
+  bundle: auditor.AuditedModel
   variables: Any
-  site: engine.Site
-  clean: tuple
-  corrupt: tuple
+  clean: ModelInputs
+  corrupt: ModelInputs
   span_len: int
-  approximate: bool
+
+  @property
+  def loglik_fn(self) -> Callable:
+    return self.bundle.loglik_fn
+
+  @property
+  def site(self) -> engine.Site:
+    return self.bundle.site
+
+  @property
+  def approximate(self) -> bool:
+    return self.bundle.approximate
 
 
 def make_setup(family: str, preset: str, context_len: int, batch: int,
                seed: int = 0) -> Setup:
   """Untrained model (timing does not depend on the weights), ATR D+ / value-swap D−."""
-  data = ATRConfig(context_len=context_len)
-  model = architectures.build_model(
-      dict(family=family, preset=preset), vocab_size=data.vocab.size,
-      context_len=context_len, num_passages=data.num_passages,
-      query_len=data.query_len, answer_len=data.target_len)
-  variables = architectures.init_params(model, jax.random.PRNGKey(seed))
+  config = atr_insert.get_config(f"base,family={family},preset={preset},"
+                                 f"context_len={context_len}")
+  bundle = auditor.audited_model(config)
+  data = bundle.data_cfg
+  variables = architectures.init_params(bundle.model, jax.random.PRNGKey(seed))
   clean = atr.generate_batch(data, seed, 0, batch, "eval")
   corrupt = corruptions.corrupt(data, clean, "value_swap", jax.random.PRNGKey(seed + 1))
-  path, method = architectures.read_port_sites(dict(family=family, preset=preset))[-1]
-  approx = architectures.span_decomposition(family) != "exact"
-  return Setup(family, make_loglik_fn(model), variables, engine.Site(path, method),
-               clean.model_inputs(), corrupt.model_inputs(), data.line_len, approx)
+  return Setup(family, bundle, variables, ModelInputs.of(clean), ModelInputs.of(corrupt),
+               data.line_len)
 
 
 def random_spans(key: jax.Array, k: int, batch: int, n: int, length: int) -> jax.Array:
@@ -111,8 +118,9 @@ def random_spans(key: jax.Array, k: int, batch: int, n: int, length: int) -> jax
 def engine_audit(st: Setup, chunk_size: int) -> Callable:
   """probes -> AuditResult (the engine's own jit; compiled once per K)."""
   def run(probes):
-    return engine.audit(st.loglik_fn, st.variables, clean=st.clean, corrupt=st.corrupt, site=st.site, probes=probes,
-                        chunk_size=chunk_size, allow_approximate=st.approximate)
+    return engine.audit(st.loglik_fn, st.variables, clean=st.clean, corrupt=st.corrupt,
+                        site=st.site, probes=probes, chunk_size=chunk_size,
+                        allow_approximate=st.approximate)
   return run
 
 
@@ -246,7 +254,7 @@ def chunk_for(family: str, args) -> int:
 def bench_family(family: str, args) -> dict:
   chunk_size = chunk_for(family, args)
   st = make_setup(family, args.preset, args.context_len, args.batch, args.seed)
-  b, n = st.clean[1].shape
+  b, n = st.clean.context.shape
   keys = jax.random.split(jax.random.PRNGKey(args.seed + 7), len(args.ks))
   spans = {k: random_spans(key, k, b, n, st.span_len) for k, key in zip(args.ks, keys)}
   one = sequential_probe(st)

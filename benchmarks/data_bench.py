@@ -33,7 +33,7 @@ TARGET = 50.0
 
 def bench_config(n: int) -> ATRConfig:
   """The data section of configs/atr_insert.py (base) at context length n."""
-  return ATRConfig(variant="value_for_key", num_passages=8, context_len=n, answer_len=1,
+  return ATRConfig(variant="value_for_key", num_passages=8, context_len=n, value_len=1,
                    eta=0.1, delta=0.3, rho=0.0, overlap_rate=0.25, filler_rate=0.5,
                    paraphrase_rate=0.1, n_ids=64, n_keys=64, n_values=64, n_filler=64)
 

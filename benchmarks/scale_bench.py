@@ -253,7 +253,7 @@ def cell_cost(c, step_cost, fwd_cost) -> dict:
     out[f"train_{q}"] = steps * sc[q] * batch / COST_BATCH
     out[f"eval_{q}"] = evals * per_eval * fwd[q]
     out[f"audit_{q}"] = sum(
-        int(c.grid.eval_examples) * FWD_PER_AUDITED
+        int(c.eval.num_examples) * FWD_PER_AUDITED
         * fwd_cost(preset, family, int(d.context_len))[q]
         for _, d in cell_lib.test_conditions(c))
     out[q] = out[f"train_{q}"] + out[f"eval_{q}"] + out[f"audit_{q}"]

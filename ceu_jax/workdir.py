@@ -31,9 +31,10 @@ from ceu_jax import io, locks
 # Dotted config fields (a field also covers its sub-fields: 'model.overrides' covers
 # 'model.overrides.embed_dim').
 FIXED_FIELDS = ("data.task", "data.variant", "data.context_len", "data.num_passages",
-                "data.answer_len", "data.query_len", "data.n_ids", "data.n_keys",
-                "data.n_values", "data.n_filler", "model.family", "model.preset",
-                "model.retrieval_layers", "model.bypass", "model.dtype", "model.overrides")
+                "data.value_len", "data.answer_len", "data.query_len", "data.n_ids",
+                "data.n_keys", "data.n_values", "data.n_filler", "model.family",
+                "model.preset", "model.retrieval_layers", "model.read_port", "model.bypass",
+                "model.dtype", "model.overrides")
 FREE_FIELDS = ("eval", "sharding", "grid", "sweep", "train.log_every", "train.eval_every",
                "train.checkpoint_every", "train.keep_latest", "train.keep_best",
                "train.async_checkpointing", "train.debug_nan_step", "train.debug_kill")

@@ -40,7 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.variant = "value_for_key"              # value_for_key | key_for_value
   d.num_passages = 8                       # m passages in the retrieved bundle
   d.context_len = _or(a.context_len, 128 if tiny else 512)  # n context tokens
-  d.answer_len = 1                         # value tokens per binding (>= 1)
+  d.value_len = 1                          # value tokens per binding (>= 1; the answer for value_for_key)
   d.eta = _or(a.eta, 0.0)                  # η miss probability in training data
   d.delta = _or(a.delta, 0.3)              # δ hard-negative rate in training data
   d.rho = _or(a.rho, 0.0)                  # ρ prior strength (memorisable pairs)
@@ -75,22 +75,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   t.debug_kill = ""                        # TEST ONLY: '<after_step|in_save|after_save|sigterm>:<step>'
                                            # (SIGKILL self there; 'sigterm' sends SIGTERM)
 
-  c.cer = r = ml_collections.ConfigDict()
-  r.regularizer = "none"                   # none | evidence | evidence_distractor
-  r.lambda_ev = 1.0                        # λ_ev weight of [α − CEU_ev]_+
-  r.alpha = 0.6                            # α target evidence CEU, in (0, 1]
-  r.lambda_dis = 0.5                       # λ_dis weight of CEU_dis
-  r.beta_swap = 0.0                        # β weight of the swap term
-  r.swap_form = "hinge"                    # contrastive | hinge
-  r.gamma = 2.0                            # γ hinge margin (nats)
-  r.lambda_noret = 0.0                     # λ_noret no-retrieval penalty (0 = off)
-  r.beta0 = -3.0                           # β_0 allowed log p(y*|q, ∅)
-  r.k = 2                                  # probes per example: 1 ev, 2 +dis, 3 +control
-  r.grad_path = "all"                      # all | numerator (clean recording under stop_gradient)
-  r.corruption = "value_swap"              # corruption giving D− for CER
-  r.eps = 1e-3                             # ε of the stabilised CEU
-  r.gap_floor = 0.25                       # γ₀ (nats): CER terms scaled by gap/γ₀ below it (no 1/gap blow-up)
-  r.site = -1                              # read port f: index into read_port_sites (-1 = deepest)
+  # CER objective (SPEC §4): every field, its default, range and meaning is defined once
+  # in ceu_jax.train.losses.LossConfig; override as --config.cer.<field>=...
+  c.cer = common.cer_section()
 
   c.eval = e = ml_collections.ConfigDict()
   e.num_examples = 512 if tiny else 2048   # fixed evaluation set size

@@ -107,6 +107,8 @@ def model_section(family: str = "attention", preset: str = "p100k") -> ml_collec
   m.family = family               # retrieval interface: attention | ssm | memory_port
   m.preset = preset               # size preset: p100k | p400k | p1500k (parameter-matched)
   m.retrieval_layers = "last"     # read ports at the 'last' reader layer or at 'all' layers
+  m.read_port = -1                # THE read port f (CER, audits, grid): index into the read
+                                  # ports, shallowest first; -1 = the last
   m.bypass = False                # early fusion: retrieved tokens also enter the reader
   m.dtype = "float32"             # activation dtype
   return m
@@ -122,3 +124,10 @@ def sharding_section() -> ml_collections.ConfigDict:
                           ("mlp", None), ("vocab", None), ("ports", None),
                           ("state", None))
   return s
+
+
+def cer_section(**overrides) -> ml_collections.ConfigDict:
+  """The `cer` section: defaults from its one definition, `LossConfig` (every field
+  documented and checked there)."""
+  from ceu_jax.train import fields, losses  # pylint: disable=import-outside-toplevel
+  return fields.section(losses.LossConfig, **overrides)

@@ -32,9 +32,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval.num_examples = 2048                   # fixed evaluation set per cell
 
   c.grid = g = ml_collections.ConfigDict()
-  g.corruption = "value_swap"                  # D− for the grid's CEU audits
-  g.eval_examples = 2048                       # fixed test examples per condition
-  g.eval_seed = 4242                           # test-set seed, shared by all cells
+  # Each condition is config.eval's fixed set (seed, size) with one knob shifted;
+  # the grid's rows are for the first of eval.corruptions.
   g.delta_test = (0.0, 0.3, 0.6, 0.9)          # test-time δ shift
   g.n_test = (256, 512, 1024, 2048)            # test-time context length shift
   g.eta_test = (0.0, 0.1, 0.3, 0.5)            # test-time η shift

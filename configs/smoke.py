@@ -41,9 +41,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval.batch_size = 64                                # divides eval.num_examples
 
   c.grid = g = ml_collections.ConfigDict()
-  g.corruption = "value_swap"                 # D− used by the grid's CEU audits
-  g.eval_examples = 64 if tiny else 256       # fixed test examples per condition
-  g.eval_seed = 4242                          # test-set seed (identical for every cell)
+  # Each condition is config.eval's fixed set (seed, size) with one knob shifted;
+  # the grid's rows are for the first of eval.corruptions.
   g.delta_test = (0.3, 0.6, 0.9)              # test-time δ (one condition each)
   g.n_test = (64,) if tiny else (64, 128)     # test-time context length n
   g.eta_test = (0.0,) if tiny else (0.0, 0.3)  # test-time miss rate η

@@ -17,7 +17,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from ceu_jax import audit_job, cli
-from ceu_jax import workdir as workdir_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (optional "
                                           "with --use_workdir_config).", lock_config=True)
@@ -34,21 +33,13 @@ _ALLOW = flags.DEFINE_list("allow_config_change", [], "Training fields (dotted) 
 
 def main(argv):
   del argv
-  workdir = _WORKDIR.value
-  config, _ = workdir_lib.resolve_config(
-      _CONFIG.value, workdir, use_workdir_config=_USE_WORKDIR_CONFIG.value,
-      allow=_ALLOW.value, log=print)
-  info = workdir_lib.run_info(workdir)
-  print(f"[audit] {workdir}: newest checkpoint step {info['checkpoint_step']} of "
-        f"{info['num_steps']}, training status {info['status']!r}")
-  if info["warning"]:
-    print(f"[audit] WARNING: {info['warning']}")
-  with workdir_lib.WorkdirLock(workdir, "audit"):
-    summary = audit_job.run_audit(config, workdir, data_dir=_DATA_DIR.value)
+  summary = audit_job.run_audit(_CONFIG.value, _WORKDIR.value, data_dir=_DATA_DIR.value,
+                                use_workdir_config=_USE_WORKDIR_CONFIG.value,
+                                allow_config_change=_ALLOW.value)
   for name, s in summary["corruptions"].items():
     ceu = s["ceu"]
     print(f"[audit] {name}: EM {_num(s['accuracy']['em']['value'])}, mean CEU_ev "
-          f"{_stat(ceu['ev']['all']['mean'])}, control {_stat(ceu['ctrl']['all']['mean'])}, "
+          f"{_stat(ceu['ev']['all']['mean'])}, control {_stat(ceu['control']['all']['mean'])}, "
           f"supported@0.5 {_num(s['supported_answer_rate'].get('0.5', {}).get('value'))}, "
           f"degenerate {s['n_degenerate']}")
 

@@ -37,7 +37,7 @@ def tiny_data_config(**overrides: Any) -> ATRConfig:
 def build(model_cfg: dict, data: ATRConfig) -> nn.Module:
   return architectures.build_model(
       model_cfg, vocab_size=data.vocab.size, context_len=data.context_len,
-      num_passages=data.num_passages, query_len=data.query_len, answer_len=data.target_len)
+      num_passages=data.num_passages, query_len=data.query_len, answer_len=data.answer_len)
 
 
 def exact_match(logits: jax.Array, answer: jax.Array) -> jax.Array:
@@ -141,7 +141,7 @@ def main():
   res = train(cfg, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
               log_every=250, eval_every=args.eval_every, max_seconds=args.max_seconds)
   em = evaluate(res, data)
-  site = architectures.read_port_sites(cfg)[-1][0]
+  site = architectures.read_port_site(cfg).path
   em_ablated = evaluate(res, data, transform=mean_ablation(site))
   print(f"RESULT family={args.family} preset={args.preset} steps={args.steps} "
         f"steps_done={res.steps} batch={args.batch_size} seconds={res.seconds:.0f} eval_em={em:.4f} "

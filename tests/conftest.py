@@ -26,10 +26,10 @@ def tiny_atr(**overrides) -> ATRConfig:
 # Several (η, δ, n), both variants, answer lengths 1-3, tiny vocabularies.
 ATR_CONFIGS = {
     "vfk_n128": tiny_atr(),
-    "kfv_n256": ATRConfig(variant="key_for_value", context_len=256, answer_len=2, eta=0.5,
+    "kfv_n256": ATRConfig(variant="key_for_value", context_len=256, value_len=2, eta=0.5,
                           delta=0.7, paraphrase_rate=0.3, overlap_rate=0.25,
                           n_ids=32, n_keys=32, n_values=32),
-    "vfk_n96": ATRConfig(num_passages=4, context_len=96, answer_len=3, eta=0.0, delta=1.0,
+    "vfk_n96": ATRConfig(num_passages=4, context_len=96, value_len=3, eta=0.0, delta=1.0,
                          hard_negative_kinds="same_id", paraphrase_rate=0.5),
     "kfv_n48": ATRConfig(variant="key_for_value", num_passages=3, context_len=48, eta=1.0,
                          delta=0.0, hard_negative_kinds="same_key", filler_rate=0.2,

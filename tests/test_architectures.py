@@ -92,7 +92,7 @@ def test_ssm_model_same_logits_with_sequential_scan(models):
 @pytest.mark.parametrize("family", ["attention", "ssm"])
 def test_exact_span_decomposition(models, family):
   model, params = models[family]
-  site, _ = architectures.read_port_sites(dict(family=family, preset="p100k"))[-1]
+  site = architectures.read_port_site(dict(family=family, preset="p100k")).path
   x = _inputs()
   got = {}
 
@@ -152,7 +152,7 @@ def _patched_retrieval_output(model, params, x, site, h_new, port_mask):
 
 def test_memory_port_per_port_patches_add_up(models):
   model, params = models["memory_port"]
-  site, _ = architectures.read_port_sites(dict(family="memory_port", preset="p100k"))[-1]
+  site = architectures.read_port_site(dict(family="memory_port", preset="p100k")).path
   clean, cor = _inputs(0), _inputs(1)
   cor = (clean[0], cor[1], clean[2], clean[3])  # same query, other context
   h_clean = jax.jit(lambda p, x: _record(model, p, x, site))(params, clean)
@@ -170,7 +170,7 @@ def test_memory_port_per_port_patches_add_up(models):
 def test_memory_port_slot_sees_only_its_passage_and_the_query(models):
   """Changing passage j's tokens changes slot j and no other (FiD-style mask)."""
   model, params = models["memory_port"]
-  site, _ = architectures.read_port_sites(dict(family="memory_port", preset="p100k"))[-1]
+  site = architectures.read_port_site(dict(family="memory_port", preset="p100k")).path
   got = {}
 
   def keep_slots(next_fun, args, kwargs, context):
@@ -199,7 +199,7 @@ def test_memory_port_slot_sees_only_its_passage_and_the_query(models):
 def test_memory_port_span_is_approximate_but_exact_at_extremes(models):
   model, params = models["memory_port"]
   assert type(model).__name__ == "RetrievalModel"
-  site, _ = architectures.read_port_sites(dict(family="memory_port", preset="p100k"))[-1]
+  site = architectures.read_port_site(dict(family="memory_port", preset="p100k")).path
   x = _inputs()
   got = {}
 
@@ -230,7 +230,7 @@ def test_read_port_shape_and_sites(family, bypass):
   model = architectures.build_model(cfg, **SIZES)
   params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), *_inputs()))
   sites = architectures.read_port_sites(cfg)
-  assert [s for s, _ in sites] == [f"reader/block_{i}/retrieval" for i in range(2)]
+  assert [s.path for s in sites] == [f"reader/block_{i}/retrieval" for i in range(2)]
   shapes = {}
 
   def interceptor(next_fun, args, kwargs, context):
@@ -248,7 +248,7 @@ def test_read_port_shape_and_sites(family, bypass):
   logits = jax.eval_shape(run, params, x)
   assert logits.shape == (3, SIZES["answer_len"], SIZES["vocab_size"])
   spec = model.spec
-  for site, _ in sites:
+  for site in (s.path for s in sites):
     shape, decomposition = shapes[site]
     assert shape[:3] == (3, spec.reader_len, spec.num_ports)
     assert decomposition == architectures.span_decomposition(family)
@@ -298,7 +298,7 @@ def test_port_is_only_channel_without_bypass(family):
     cfg = dict(family=family, preset="p100k", bypass=bypass)
     model = architectures.build_model(cfg, **SIZES)
     params = architectures.init_params(model, jax.random.PRNGKey(0))
-    site, _ = architectures.read_port_sites(cfg)[-1]
+    site = architectures.read_port_site(cfg).path
     q, c, pid, a = _inputs(0, batch=4)
     c_other = _inputs(1, batch=4)[1]
     # The batch mean is taken over a batch that holds both contexts, so it is the same.
@@ -343,7 +343,7 @@ def test_bad_port_index():
 @pytest.mark.parametrize("family", list(architectures.FAMILIES))
 def test_bad_span_mask_shape(models, family):
   model, params = models[family]
-  site, _ = architectures.read_port_sites(dict(family=family, preset="p100k"))[-1]
+  site = architectures.read_port_site(dict(family=family, preset="p100k")).path
   hook = _site_hook(site, lambda nf, a, k: nf(*a, span_mask=jnp.ones((3, 7), bool)))
   with pytest.raises(ValueError, match=r"span_mask must have shape \[B, N\]"):
     with nn.intercept_methods(hook):

@@ -41,6 +41,6 @@ def test_family_learns_atr_insert_and_needs_its_port(family):
   res = arch_training.train(cfg, data, steps=ACCEPTANCE_STEPS[family], batch_size=64, lr=3e-3)
   em = arch_training.evaluate(res, data)
   assert em >= 0.95, (family, em)
-  site = architectures.read_port_sites(cfg)[-1][0]
+  site = architectures.read_port_site(cfg).path
   ablated = arch_training.evaluate(res, data, transform=arch_training.mean_ablation(site))
   assert ablated <= 3.0 / data.n_values, (family, ablated)  # chance is 1 / n_values

@@ -36,7 +36,7 @@ def lookup_accuracy(query: np.ndarray, answer: np.ndarray) -> float:
 
 
 def _chance(cfg: ATRConfig) -> float:
-  return 1 / cfg.n_values ** cfg.answer_len if cfg.variant == "value_for_key" else 1 / cfg.n_keys
+  return 1 / cfg.n_values ** cfg.value_len if cfg.variant == "value_for_key" else 1 / cfg.n_keys
 
 
 @pytest.mark.parametrize("variant", ["value_for_key", "key_for_value"])

@@ -49,7 +49,7 @@ def test_layout_and_shapes(name, atr_data):
   b = atr_data(cfg, NUM)
   n, lp = cfg.context_len, cfg.passage_len
   assert b.context.shape == (NUM, n) and b.line_kind.shape == (NUM, cfg.num_lines)
-  assert b.query.shape == (NUM, cfg.query_len) and b.answer.shape == (NUM, cfg.target_len)
+  assert b.query.shape == (NUM, cfg.query_len) and b.answer.shape == (NUM, cfg.answer_len)
   pos = np.arange(n)
   np.testing.assert_array_equal(b.passage_ids, np.broadcast_to(pos // lp, (NUM, n)))
   np.testing.assert_array_equal(b.passage_start, np.broadcast_to(pos % lp == 0, (NUM, n)))

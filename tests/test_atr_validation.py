@@ -34,7 +34,7 @@ BAD_FIELDS = [
     ("delta", -0.01, r"data\.delta must be in \[0, 1\]"),
     ("delta", 1.01, r"data\.delta must be in \[0, 1\]"),
     ("rho", 2.0, r"data\.rho must be in \[0, 1\]"),
-    ("answer_len", 0, r"data\.answer_len must be an integer \[1, 8\]"),
+    ("value_len", 0, r"data\.value_len must be an integer \[1, 8\]"),
     ("context_len", 32, r"data\.context_len must be a multiple of data\.num_passages "
                         r"\(= 8\) and >= .* = 64"),
     ("context_len", 130, r"data\.context_len must be a multiple"),
@@ -46,6 +46,13 @@ BAD_FIELDS = [
 def test_bad_config_field(field, value, message, no_compile):
   with pytest.raises(ValueError, match=message):
     ATRConfig(**{field: value})
+
+
+def test_answer_len_is_derived_and_the_old_field_name_is_explained():
+  assert ATRConfig(value_len=3).answer_len == 3
+  assert ATRConfig(value_len=3, variant="key_for_value").answer_len == 1
+  with pytest.raises(ValueError, match=r"data\.answer_len .* data\.value_len"):
+    ATRConfig.from_config({"task": "atr_insert", "answer_len": 2})
 
 
 @pytest.mark.parametrize("field, value, message", BAD_FIELDS[:3] + BAD_FIELDS[6:8])
@@ -65,7 +72,7 @@ def test_unknown_config_field(no_compile):
 
 def _zero_batch(cfg: ATRConfig, size: int = 4) -> RetrievalBatch:
   shapes = dict(query=(cfg.query_len,), context=(cfg.context_len,),
-                passage_ids=(cfg.context_len,), answer=(cfg.target_len,), has_evidence=(),
+                passage_ids=(cfg.context_len,), answer=(cfg.answer_len,), has_evidence=(),
                 line_kind=(cfg.num_lines,), example_id=())
   fields = {}
   for name in RetrievalBatch.__dataclass_fields__:

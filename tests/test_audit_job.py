@@ -45,7 +45,7 @@ def test_audit_writes_rows_summary_plots_and_resumes(trained, tmp_path):
   with open(os.path.join(out, "examples.csv")) as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 2 * 16
-  assert {"L_plus", "L_minus", "L_int_ev", "ceu_ev", "ceu_ctrl", "degenerate"} <= set(rows[0])
+  assert {"L_plus", "L_minus", "L_int_ev", "ceu_ev", "ceu_control", "degenerate"} <= set(rows[0])
   assert {r["corruption"] for r in rows} == {"value_swap", "removal"}
   on_disk = json.load(open(os.path.join(out, "summary.json")))
   assert set(on_disk["corruptions"]) == {"value_swap", "removal"} == set(summary["corruptions"])
@@ -70,19 +70,19 @@ def test_stale_parts_from_other_params_are_discarded(trained, tmp_path):
   assert any("discarding its parts" in line for line in logs)
 
 
-def test_bad_site_index_is_named(trained):
+def test_bad_read_port_index_is_named(trained):
   config, _ = trained
   bad = micro_config()
-  bad.cer.site = 5
-  with pytest.raises(ValueError, match="cer.site"):
-    audit_job.read_port(bad)
+  bad.model.read_port = 5
+  with pytest.raises(ValueError, match=r"model\.read_port must be an integer in \[-1, 0\]"):
+    audit_job.run_audit(bad, "/nonexistent-workdir")
 
 
 def test_grid_cell_rows_per_condition(trained):
   config, workdir = trained
   c = micro_config()
   c.grid = atr_insert.ml_collections.ConfigDict(dict(
-      corruption="value_swap", eval_examples=16, eval_seed=7, delta_test=(0.3, 0.9),
+      delta_test=(0.3, 0.9),
       n_test=(64, 128), eta_test=(0.0,)))
   names = [n for n, _ in cell_lib.test_conditions(c)]
   assert names == ["clean", "delta=0.9", "n=128"]
@@ -112,5 +112,58 @@ def test_trained_attention_uses_its_evidence_and_not_a_control_span(tmp_path):
   train_and_evaluate(config, workdir)
   summary = audit_job.run_audit(config, workdir, log=lambda *_: None)
   ceu = summary["corruptions"]["value_swap"]["ceu"]
-  assert ceu["ctrl"]["all"]["mean"]["value"] <= 0.05, ceu["ctrl"]["all"]["mean"]
+  assert ceu["control"]["all"]["mean"]["value"] <= 0.05, ceu["control"]["all"]["mean"]
   assert ceu["ev"]["all"]["mean"]["value"] >= 0.5, ceu["ev"]["all"]["mean"]
+
+
+def test_training_eval_audit_job_and_grid_give_identical_rows(trained, tmp_path):
+  """One Auditor: the same checkpoint and eval set give the same rows and summary in the
+  training-time evaluation, experiments.audit and a grid cell's 'clean' condition."""
+  import numpy as np
+  from ceu_jax import auditor as auditor_lib
+  from ceu_jax.data import tasks
+  from ceu_jax.train import evaluation
+  from ceu_jax.train import task as task_lib
+  config, workdir = trained
+  variables = load_trained_params(config, workdir)
+  evaluator = evaluation.Evaluator(config, task_lib.build_task(config))
+  train_rows = evaluator.rows(variables["params"])
+  summary = audit_job.run_audit(config, workdir, data_dir=str(tmp_path / "evalsets"),
+                                log=lambda s: None)
+  job_rows, _ = audit_job.audit_rows(
+      auditor_lib.audited_model(config), auditor_lib.AuditSettings.of_config(config), variables,
+      auditor_lib.eval_set(config, data_dir=str(tmp_path / "evalsets")),
+      str(tmp_path / "again"), log=lambda s: None)
+  grid_rows = cell_lib.audit_condition(config, variables, tasks.data_config(config.data))
+  for name in config.eval.corruptions:
+    assert set(train_rows[name]) == set(job_rows[name])
+    for col in job_rows[name]:
+      np.testing.assert_array_equal(train_rows[name][col], job_rows[name][col], err_msg=col)
+  for col in grid_rows:
+    np.testing.assert_array_equal(grid_rows[col], job_rows["value_swap"][col], err_msg=col)
+  final = json.load(open(os.path.join(workdir, "eval_final.json")))
+  assert final["eval_set"]["digest"] == summary["settings"]["eval_set"]["digest"]
+  assert final["summary"] == json.loads(json.dumps(summary["corruptions"]))
+
+
+def test_one_read_port_with_retrieval_layers_all(tmp_path):
+  """model.read_port picks THE port f for training, audits and the grid alike."""
+  import numpy as np
+  from ceu_jax import auditor as auditor_lib
+  from ceu_jax import engine
+  from ceu_jax.data import tasks
+  from ceu_jax.train import task as task_lib
+  import architectures
+  config = micro_config()
+  config.model.retrieval_layers = "all"
+  config.model.read_port = 0
+  first = engine.Site("reader/block_0/retrieval", "read")
+  assert task_lib.build_task(config).site == auditor_lib.audited_model(config).site == first
+  assert architectures.read_port_sites(config.model)[-1] != first
+  model = auditor_lib.audited_model(config).model
+  variables = architectures.init_params(model, __import__("jax").random.PRNGKey(0))
+  rows0 = cell_lib.audit_condition(config, variables, tasks.data_config(config.data))
+  config.model.read_port = -1
+  rows1 = cell_lib.audit_condition(config, variables, tasks.data_config(config.data))
+  np.testing.assert_array_equal(rows0["L_plus"], rows1["L_plus"])     # same model
+  assert not np.allclose(rows0["L_int_ev"], rows1["L_int_ev"])         # another port patched

@@ -14,7 +14,7 @@ import pytest
 
 from ceu_jax import engine
 from ceu_jax.engine import Probes, Site
-from ceu_jax.scores import gold_loglik
+from ceu_jax.likelihood import gold_loglik
 
 try:
   from tests.test_engine_toys import make, toy

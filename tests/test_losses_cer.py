@@ -11,9 +11,10 @@ import pytest
 
 import architectures
 from ceu_jax import engine
+from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.data import atr, corruptions
 from ceu_jax.data.atr_config import ATRConfig
-from ceu_jax.scores import gold_loglik
+from ceu_jax.likelihood import gold_loglik
 from ceu_jax.train import losses
 
 B = 8
@@ -28,13 +29,12 @@ def _setup(b: int = B):
   model = architectures.build_model(MODEL_CFG, vocab_size=data.vocab.size,
                                     context_len=data.context_len,
                                     num_passages=data.num_passages, query_len=data.query_len,
-                                    answer_len=data.target_len)
+                                    answer_len=data.answer_len)
   params = architectures.init_params(model, jax.random.PRNGKey(3))["params"]
   params = jax.tree.map(lambda p: p * 3.0, params)       # larger gaps than at init
   clean = atr.generate_batch(data, 0, 0, b, "train")
   corrupt = corruptions.corrupt(data, clean, "value_swap", jax.random.PRNGKey(1))
-  site = "/".join(architectures.read_port_sites(MODEL_CFG)[-1])
-  site = site.rsplit("/", 1)[0] + ":read"
+  site = architectures.read_port_site(MODEL_CFG)
   return model, params, clean, corrupt, site
 
 
@@ -48,18 +48,18 @@ def _reference(cfg, b: int = B):
   """Terms computed from engine.audit and plain forwards (no training code)."""
   model, params, clean, corrupt, site = _setup(b)
   v = {"params": params}
-  loglik = losses.loglik_fn_for(model)
-  probes, dis_found = losses.probe_set(clean, corrupt, 3, jax.random.PRNGKey(7))
-  res = engine.audit(loglik, v, clean=losses.ModelInputs.of(clean), corrupt=losses.ModelInputs.of(corrupt),
-                     site=engine.Site.parse(site), probes=probes, eps=cfg.eps)
+  loglik = adapter.loglik_fn_for(model)
+  probes, dis_found = adapter.probe_set(clean, corrupt, jax.random.PRNGKey(7), 3)
+  res = engine.audit(loglik, v, clean=adapter.ModelInputs.of(clean),
+                     corrupt=adapter.ModelInputs.of(corrupt), site=site, probes=probes, eps=cfg.eps)
   lp, lm = np.asarray(res.L_plus), np.asarray(res.L_minus)
-  cu = np.asarray(res.ceu_unclipped)
+  cu = {p: np.asarray(res.row("ceu_unclipped", p)) for p in res.names}
   gap = lp - lm
   valid = np.asarray(clean.has_evidence) & (gap >= cfg.eps)
   empty = clean.replace(context=jnp.zeros_like(clean.context))
   l0 = np.asarray(gold_loglik(model.apply(v, *empty.model_inputs()), clean.answer))
-  return dict(task=-lp, ev=np.where(valid, np.maximum(cfg.alpha - cu[0], 0), 0),
-              dis=np.where(valid & np.asarray(dis_found), np.maximum(cu[1], 0), 0),
+  return dict(task=-lp, ev=np.where(valid, np.maximum(cfg.alpha - cu["ev"], 0), 0),
+              dis=np.where(valid & np.asarray(dis_found), np.maximum(cu["dis"], 0), 0),
               gap=gap, noret=np.maximum(l0 - cfg.beta0, 0), valid=valid, ceu=cu)
 
 
@@ -90,14 +90,14 @@ def test_full_objective_matches_engine_terms():
   # 2e-5 comparison of two code paths (|L| ~ 36 over a gap of 0.07 amplifies rounding);
   # 32 examples so that enough of them have a larger gap.
   ref = _reference(cfg, 32)
-  assert ref["valid"].sum() >= 2 and (ref["ceu"][0][ref["valid"]] < cfg.alpha).any()
+  assert ref["valid"].sum() >= 2 and (ref["ceu"]["ev"][ref["valid"]] < cfg.alpha).any()
   swap = -ref["gap"] if swap_form == "contrastive" else np.maximum(cfg.gamma - ref["gap"], 0)
   want = (ref["task"] + cfg.lambda_ev * ref["ev"] + cfg.lambda_dis * ref["dis"]
           + cfg.beta_swap * swap + cfg.lambda_noret * ref["noret"]).mean()
   loss, m = _loss(cfg, b=32)
   np.testing.assert_allclose(loss, want, rtol=2e-5)
   np.testing.assert_allclose(m["cer_ev"], ref["ev"].mean(), rtol=2e-5, atol=1e-6)
-  assert {"ceu_ev", "ceu_dis", "ceu_ctrl", "cer_dis", "swap", "noret"} <= set(m)
+  assert {"ceu_ev", "ceu_dis", "ceu_control", "cer_dis", "swap", "noret"} <= set(m)
 
 
 def test_gap_floor_scales_small_gaps_continuously():
@@ -109,7 +109,7 @@ def test_gap_floor_scales_small_gaps_continuously():
   want = (ref["task"] + cfg.lambda_ev * ref["ev"] * scale).mean()
   loss, m = _loss(cfg)
   np.testing.assert_allclose(loss, want, rtol=2e-5)
-  assert "ceu_ev" in m and not {"ceu_dis", "ceu_ctrl", "cer_dis"} & set(m)   # k = 1
+  assert "ceu_ev" in m and not {"ceu_dis", "ceu_control", "cer_dis"} & set(m)   # k = 1
 
 
 def test_numerator_grad_path_matches_manual_stop_gradient():
@@ -117,16 +117,16 @@ def test_numerator_grad_path_matches_manual_stop_gradient():
   model, params, clean, corrupt, site = _setup()
   cfg = losses.LossConfig(regularizer="evidence", k=1, grad_path="numerator",
                           gap_floor=1e-3, lambda_ev=2.0)
-  probes, _ = losses.probe_set(clean, corrupt, 1, jax.random.PRNGKey(7))
-  loglik = losses.loglik_fn_for(model)
+  probes, _ = adapter.probe_set(clean, corrupt, jax.random.PRNGKey(7), 1)
+  loglik = adapter.loglik_fn_for(model)
 
   def manual(p):
     v = {"params": p}
-    lp = loglik(v, losses.ModelInputs.of(clean))
-    lm = loglik(v, losses.ModelInputs.of(corrupt))
-    _, rec = engine.record(loglik, jax.lax.stop_gradient(v), losses.ModelInputs.of(clean),
-                           engine.Site.parse(site), span_mask=probes.span[0])
-    li = engine.patch(loglik, v, losses.ModelInputs.of(corrupt), engine.Site.parse(site), rec[engine.Site.parse(site)],
+    lp = loglik(v, adapter.ModelInputs.of(clean))
+    lm = loglik(v, adapter.ModelInputs.of(corrupt))
+    _, rec = engine.record(loglik, jax.lax.stop_gradient(v), adapter.ModelInputs.of(clean),
+                           site, span_mask=probes.span[0])
+    li = engine.patch(loglik, v, adapter.ModelInputs.of(corrupt), site, rec[site],
                       span_mask=probes.span[0])
     gap = jax.lax.stop_gradient(lp - lm)
     valid = clean.has_evidence & (gap >= cfg.eps)

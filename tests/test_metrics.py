@@ -291,7 +291,8 @@ def test_summarize_audit_keys_and_json():
   assert set(out["deltas"]) == {"delta_L", "delta_ev", "delta_dis"}
   assert set(out["ceu"]) == {"ev", "dis"}
   assert set(out["ceu"]["ev"]) == {"all", "correct", "incorrect",
-                                   "n_degenerate"}
+                                   "n_degenerate", "n_without_span"}
+  assert out["ceu"]["ev"]["n_without_span"] == 0
   assert out["ceu"]["ev"]["all"]["mean"]["n"] == 290
   assert out["ceu"]["ev"]["n_degenerate"]["all"] == 10
   assert out["deltas"]["delta_L"]["mean"]["n"] == 300
@@ -330,3 +331,31 @@ def test_summarize_groups():
   out = m.summarize_groups(rows, "stratum", num_resamples=50)
   assert list(out) == ["0->0", "1->1"]
   assert out["1->1"]["n"] == 60 and out["0->0"]["n_degenerate"] == 10
+
+
+def test_summarize_audit_ceu_over_examples_with_the_probe_span():
+  """CEU statistics exclude examples without evidence (and, for dis, without a
+  distractor); accuracy counts every example; an example without evidence is
+  never supported; counts of what was excluded are reported."""
+  rows = _simulated_rows()
+  n = len(rows["correct"])
+  rng = np.random.default_rng(3)
+  has_ev = rng.random(n) < 0.8
+  dis_found = rng.random(n) < 0.6
+  out = m.summarize_audit({**rows, "has_evidence": has_ev, "dis_found": dis_found},
+                          num_resamples=50)
+  deg = (rows["L_plus"] - rows["L_minus"]) < 1e-3
+  ceu_ev = np.clip((rows["L_int_ev"] - rows["L_minus"])
+                   / np.maximum(rows["L_plus"] - rows["L_minus"], 1e-3), 0, 1)
+  keep = has_ev & ~deg
+  assert out["ceu"]["ev"]["all"]["mean"]["n"] == keep.sum()
+  np.testing.assert_allclose(out["ceu"]["ev"]["all"]["mean"]["value"], ceu_ev[keep].mean())
+  assert out["ceu"]["dis"]["all"]["mean"]["n"] == (keep & dis_found).sum()
+  assert out["ceu"]["ev"]["n_without_span"] == (~has_ev).sum()
+  assert out["ceu"]["dis"]["n_without_span"] == (~(has_ev & dis_found)).sum()
+  assert out["n_without_evidence"] == (~has_ev).sum()
+  assert out["n_degenerate"] == (deg & has_ev).sum()
+  assert out["accuracy"]["em"]["n"] == n
+  sup = rows["correct"] & keep & (ceu_ev >= 0.5)
+  np.testing.assert_allclose(out["supported_answer_rate"]["0.5"]["value"], sup.mean())
+

@@ -66,13 +66,13 @@ def test_scalar_interface_matches_logit_interface_and_flags_degenerate():
   np.testing.assert_allclose(full.diff[1:], scal.diff[1:], atol=1e-12)
 
 
-def test_gold_loglik_matches_jax_scores():
+def test_gold_loglik_matches_jax_likelihood():
   import jax.numpy as jnp
-  from ceu_jax import scores
+  from ceu_jax import likelihood
   rng = np.random.default_rng(1)
   z = rng.normal(size=(3, 4, 7)).astype(np.float32)
-  y = rng.integers(1, 7, size=(3, 4))   # token 0 is [PAD] for ceu_jax.scores (not counted)
-  ref = np.asarray(scores.gold_loglik(jnp.asarray(z), jnp.asarray(y)))
+  y = rng.integers(1, 7, size=(3, 4))   # token 0 is [PAD] for ceu_jax.likelihood (not counted)
+  ref = np.asarray(likelihood.gold_loglik(jnp.asarray(z), jnp.asarray(y)))
   np.testing.assert_allclose(t1.gold_loglik(z, y), ref, rtol=1e-5)
 
 

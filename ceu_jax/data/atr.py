@@ -5,7 +5,7 @@ of (seed, index): batch i of seed s is the same in every process and on every
 device layout (row r uses the key fold_in(fold_in(fold_in(seed, split), i), r);
 all of a row's random choices are bit fields of one atr_lines.Stream of that key).
 
-Example (value_for_key, answer_len = 1):
+Example (value_for_key, value_len = 1):
   query   : [BOS] ID #17 KEY k_9 VALUE          -> answer: v_3
   context : [P] NOTE w_4 .. . ID #2 KEY k_9 VALUE v_8 . ... ID #17 KEY k_9 VALUE v_3 . ...
 
@@ -91,7 +91,7 @@ def answer_offsets_mask(cfg: ATRConfig, paraphrased: jax.Array, offsets=None) ->
   offs = jnp.arange(cfg.line_len) if offsets is None else offsets
   if cfg.variant == "value_for_key":
     start = atr_lines.VALUE_OFFSET
-    return (offs >= start) & (offs < start + cfg.answer_len)
+    return (offs >= start) & (offs < start + cfg.value_len)
   return offs == jnp.where(paraphrased, 1, 3)   # the KEY token
 
 
@@ -110,7 +110,7 @@ def query_fields(cfg: ATRConfig, rng):
   stream = atr_lines.as_stream(rng)
   q_id = stream.randint((), cfg.n_ids)
   q_key = stream.randint((), cfg.n_keys)
-  vals = stream.randint((cfg.answer_len,), cfg.n_values)
+  vals = stream.randint((cfg.value_len,), cfg.n_values)
   vals = atr_lines.apply_prior(cfg, q_id[None], q_key[None], vals[None])[0]
   return q_id, q_key, vals
 
@@ -135,8 +135,8 @@ def parse_query(cfg: ATRConfig, query: jax.Array):
   v = cfg.vocab
   q_id = query[2] - v.id_base
   if cfg.variant == "value_for_key":
-    return q_id, query[4] - v.key_base, jnp.full((cfg.answer_len,), -1)
-  return q_id, jnp.asarray(-1), query[4:4 + cfg.answer_len] - v.value_base
+    return q_id, query[4] - v.key_base, jnp.full((cfg.value_len,), -1)
+  return q_id, jnp.asarray(-1), query[4:4 + cfg.value_len] - v.value_base
 
 
 def overlap_tokens(cfg: ATRConfig, q_id, q_key, q_vals):

@@ -24,7 +24,7 @@ class ATRConfig:
   variant: str = "value_for_key"   # query asks VALUE of (ID, KEY), or KEY of (ID, VALUE)
   num_passages: int = 8            # m: passages in the retrieved bundle
   context_len: int = 128           # n: total context tokens (m passages x n/m tokens)
-  answer_len: int = 1              # value tokens per binding (answer length for value_for_key)
+  value_len: int = 1               # value tokens per binding (the answer for value_for_key)
   eta: float = 0.0                 # η: miss probability (evidence replaced by a same-format line)
   delta: float = 0.3               # δ: probability that a non-evidence line is a hard negative
   rho: float = 0.0                 # ρ: share of (ID, KEY) pairs whose value is fixed (prior)
@@ -46,7 +46,7 @@ class ATRConfig:
                        f"got {self.hard_negative_kinds!r}")
     for name in ("eta", "delta", "rho", "overlap_rate", "filler_rate", "paraphrase_rate"):
       check_unit(name, getattr(self, name))
-    check_int("answer_len", self.answer_len, 1, 8)
+    check_int("value_len", self.value_len, 1, 8)
     check_int("num_passages", self.num_passages, 1)
     for name in ("n_ids", "n_keys", "n_values", "n_filler"):
       check_int(name, getattr(self, name), 2)
@@ -57,19 +57,23 @@ class ATRConfig:
       raise ValueError(
           f"data.context_len must be a multiple of data.num_passages "
           f"(= {self.num_passages}) and >= num_passages * (1 + line_len) = {need} "
-          f"(line_len = {self.line_len} for answer_len = {self.answer_len}), "
+          f"(line_len = {self.line_len} for value_len = {self.value_len}), "
           f"got {self.context_len}")
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> "ATRConfig":
     """Build from an ml_collections ConfigDict / mapping; unknown fields are errors."""
+    if "answer_len" in (cfg.keys() if hasattr(cfg, "keys") else cfg):
+      raise ValueError("data.answer_len is not a field of ATR-insert: value tokens per binding "
+                       "are data.value_len (the answer length A follows from it and "
+                       "data.variant)")
     return from_mapping(cls, cfg)
 
   # Derived static quantities.
   @property
   def line_len(self) -> int:
-    """Tokens per line: 'ID #i KEY k_j VALUE v.. .' = 6 + answer_len."""
-    return 6 + self.answer_len
+    """Tokens per line: 'ID #i KEY k_j VALUE v.. .' = 6 + value_len."""
+    return 6 + self.value_len
 
   @property
   def passage_len(self) -> int:
@@ -85,12 +89,12 @@ class ATRConfig:
 
   @property
   def query_len(self) -> int:
-    return 6 if self.variant == "value_for_key" else 5 + self.answer_len
+    return 6 if self.variant == "value_for_key" else 5 + self.value_len
 
   @property
-  def target_len(self) -> int:
-    """Length of the gold answer y*."""
-    return self.answer_len if self.variant == "value_for_key" else 1
+  def answer_len(self) -> int:
+    """A: length of the gold answer y* (the model's answer length)."""
+    return self.value_len if self.variant == "value_for_key" else 1
 
   @property
   def vocab(self) -> Vocab:

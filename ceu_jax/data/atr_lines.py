@@ -143,11 +143,11 @@ def prior_values(cfg: ATRConfig, ids: jax.Array, keys: jax.Array):
 
   def one(i, k):
     stream = Stream(jax.random.fold_in(world, i * cfg.n_keys + k))
-    return stream.bernoulli(cfg.rho), stream.randint((cfg.answer_len,), cfg.n_values)
+    return stream.bernoulli(cfg.rho), stream.randint((cfg.value_len,), cfg.n_values)
 
   flat_fixed, flat_vals = jax.vmap(one)(ids.reshape(-1), keys.reshape(-1))
   return (flat_fixed.reshape(ids.shape),
-          flat_vals.reshape(ids.shape + (cfg.answer_len,)))
+          flat_vals.reshape(ids.shape + (cfg.value_len,)))
 
 
 def apply_prior(cfg: ATRConfig, ids, keys, vals):
@@ -179,7 +179,7 @@ def sample_fields(cfg: ATRConfig, rng, kinds: jax.Array, q_id, q_key, q_vals):
   num = kinds.shape[0]
   other_id = other_than(stream, jnp.full((num,), q_id), cfg.n_ids)
   other_key = other_than(stream, jnp.full((num,), q_key), cfg.n_keys)
-  rand_vals = stream.randint((num, cfg.answer_len), cfg.n_values)
+  rand_vals = stream.randint((num, cfg.value_len), cfg.n_values)
   is_ev = kinds == int(LineKind.EVIDENCE)
   share_id = is_ev | (kinds == int(LineKind.HARD_SAME_ID))
   share_second = is_ev | (kinds == int(LineKind.HARD_SAME_KEY))
@@ -241,5 +241,5 @@ def parse(cfg: ATRConfig, lines: jax.Array):
   paraphrased = lines[:, 0] == vocab.tok("KEY")
   id_tok = jnp.where(paraphrased, lines[:, 3], lines[:, 1])
   key_tok = jnp.where(paraphrased, lines[:, 1], lines[:, 3])
-  vals = lines[:, VALUE_OFFSET:VALUE_OFFSET + cfg.answer_len] - vocab.value_base
+  vals = lines[:, VALUE_OFFSET:VALUE_OFFSET + cfg.value_len] - vocab.value_base
   return paraphrased, id_tok - vocab.id_base, key_tok - vocab.key_base, vals

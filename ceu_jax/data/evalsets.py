@@ -1,4 +1,15 @@
-"""Fixed ATR-insert evaluation sets, materialised once as a tfds ArrayRecord dataset.
+"""Fixed evaluation sets: one definition for every task; ATR-insert's materialised
+once as a tfds ArrayRecord dataset.
+
+`fixed_eval_set(task, data_cfg, split=, seed=, num_examples=, corruptions=)` is
+THE evaluation set of (task, data config, split, seed, size, corruptions):
+example i is example i of the task's `split` stream of `seed`, generated in
+chunks of CHUNK, and D− of corruption c uses `corruption_key(seed, c)`.
+Training-time evaluation, `experiments.audit`, the grid's test conditions and
+the benchmarks all take their examples from it, and every result records its
+`identity` (the key above plus a digest of the arrays). ATR-insert sets of the
+'eval' split are read from (and built once into) the tfds dataset below when a
+data directory is given; in memory they are generated — the same arrays.
 
 Every cell of a grid is scored on the same examples: the set of an
 (ATR config, seed, size, corruptions) key holds D+ (every `RetrievalBatch`
@@ -34,7 +45,7 @@ import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
-from ceu_jax.data import atr, corruptions as corr
+from ceu_jax.data import atr, corruptions as corr, tasks
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import RetrievalBatch
 
@@ -93,20 +104,92 @@ def _concat(parts: list, num: int):
 
 
 def eval_batches(cfg: ATRConfig | Mapping[str, Any], seed: int, num_examples: int,
-                 corruptions: Sequence[str]) -> EvalSet:
-  """The evaluation set in memory (numpy): (D+, {name: D−})."""
-  cfg = _as_atr_config(cfg)
-  names = _check_args(seed, num_examples, corruptions)
+                 corruptions: Sequence[str], split: str = SPLIT) -> EvalSet:
+  """The ATR-insert evaluation set in memory (numpy): (D+, {name: D−})."""
+  return _generate(tasks.get("atr_insert"), _as_atr_config(cfg), split, seed, num_examples,
+                   _check_args(seed, num_examples, corruptions))
+
+
+def _generate(spec: tasks.TaskSpec, cfg: Any, split: str, seed: int, num_examples: int,
+              names: Sequence[str]) -> EvalSet:
+  # ATR-insert's examples depend on the chunk they are generated in (CHUNK);
+  # factual QA's on their position alone, so one call generates them all.
+  chunk = CHUNK if spec.name == "atr_insert" else num_examples
   plus_parts: list = []
   minus_parts: dict[str, list] = {name: [] for name in names}
-  for index in range(-(-num_examples // CHUNK)):
-    plus = atr.generate_batch(cfg, seed, index, CHUNK, SPLIT)
+  for index in range(-(-num_examples // chunk)):
+    plus = spec.generate_batch(cfg, seed, index, chunk, split)
     plus_parts.append(_to_numpy(plus))
     for name in names:
-      minus = corr.corrupt(cfg, plus, name, corruption_key(seed, name))
+      minus = spec.corrupt(cfg, plus, name, corruption_key(seed, name))
       minus_parts[name].append(_to_numpy(minus))
   return (_concat(plus_parts, num_examples),
           {name: _concat(parts, num_examples) for name, parts in minus_parts.items()})
+
+
+# ------------------------------------------------------------------ any task
+@dataclasses.dataclass(frozen=True)
+class FixedEvalSet:
+  """A fixed evaluation set: D+, D− per corruption, and what identifies it."""
+  clean: RetrievalBatch                    # D+ (numpy arrays)
+  corrupt: Mapping[str, RetrievalBatch]    # corruption name -> token-aligned D−
+  identity: Mapping[str, Any]              # JSON: task, data, split, seed, size, corruptions,
+                                           # generator version, digest of the arrays
+
+  @property
+  def num_examples(self) -> int:
+    return int(self.clean.context.shape[0])
+
+  @property
+  def corruptions(self) -> tuple[str, ...]:
+    return tuple(self.corrupt)
+
+  def select(self, corruptions: Sequence[str]) -> "FixedEvalSet":
+    """The same examples with only some corruptions (identity keeps the digest)."""
+    missing = [c for c in corruptions if c not in self.corrupt]
+    if missing:
+      raise ValueError(f"eval set has no corruption {missing[0]!r}; it has {self.corruptions}")
+    return dataclasses.replace(
+        self, corrupt={c: self.corrupt[c] for c in corruptions},
+        identity={**self.identity, "corruptions": list(corruptions)})
+
+
+def digest(tree: Any) -> str:
+  """Short sha1 of every array leaf (shape, dtype and bytes)."""
+  h = hashlib.sha1()
+  for leaf in jax.tree_util.tree_leaves(tree):
+    a = np.ascontiguousarray(np.asarray(leaf))
+    h.update(f"{a.shape}{a.dtype}".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()[:16]
+
+
+def fixed_eval_set(task: str, data_cfg: Any, *, seed: int, num_examples: int,
+                   corruptions: Sequence[str], split: str = SPLIT,
+                   data_dir: str | os.PathLike | None = None) -> FixedEvalSet:
+  """THE evaluation set of (task, data config, split, seed, size, corruptions).
+
+  `data_dir` (ATR-insert, split 'eval'): read from / build the materialised tfds
+  set there; otherwise generated in memory (identical arrays, tested)."""
+  spec = tasks.get(task)
+  if not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ValueError(f"eval.seed must be an integer >= 0, got {seed!r}")
+  if not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
+    raise ValueError(f"eval.num_examples must be an integer >= 1, got {num_examples!r}")
+  names = tuple(corruptions)
+  bad = [c for c in names if c not in spec.corruptions]
+  if bad or not names or len(set(names)) != len(names):
+    raise ValueError(f"eval.corruptions must be distinct names from {spec.corruptions} for "
+                     f"data.task {task!r}, got {names}")
+  if task == "atr_insert" and split == SPLIT and data_dir is not None:
+    clean, minus = load_eval_set(data_cfg, seed, num_examples, names, data_dir)
+  else:
+    clean, minus = _generate(spec, data_cfg, split, int(seed), int(num_examples), names)
+  key = dict(task=task, data=json.loads(json.dumps(dataclasses.asdict(data_cfg), default=str)),
+             split=split, seed=int(seed), num_examples=int(num_examples),
+             corruptions=list(names), chunk=CHUNK if task == "atr_insert" else None,
+             generator=atr.GENERATOR_VERSION if task == "atr_insert" else None)
+  return FixedEvalSet(clean, minus, {**key, "digest": digest((clean, minus))})
 
 
 # ------------------------------------------------------------------ tfds builder
@@ -118,7 +201,7 @@ def _plus_features(cfg: ATRConfig) -> dict:
   n, lines = cfg.context_len, cfg.num_lines
   i32, b = np.int32, np.bool_
   return dict(query=_tensor((cfg.query_len,), i32), context=_tensor((n,), i32),
-              passage_ids=_tensor((n,), i32), answer=_tensor((cfg.target_len,), i32),
+              passage_ids=_tensor((n,), i32), answer=_tensor((cfg.answer_len,), i32),
               has_evidence=_tensor((), b), evidence_mask=_tensor((n,), b),
               value_mask=_tensor((n,), b), distractor_mask=_tensor((n,), b),
               hard_negative_mask=_tensor((n,), b), passage_start=_tensor((n,), b),

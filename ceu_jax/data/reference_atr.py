@@ -37,7 +37,7 @@ def prior_table(cfg: ATRConfig) -> dict[tuple[int, int], list[int]]:
   for i in range(cfg.n_ids):
     for k in range(cfg.n_keys):
       fixed = rng.random() < cfg.rho
-      vals = [rng.randrange(cfg.n_values) for _ in range(cfg.answer_len)]
+      vals = [rng.randrange(cfg.n_values) for _ in range(cfg.value_len)]
       if fixed:
         table[(i, k)] = vals
   return table
@@ -61,7 +61,7 @@ class ReferenceATR:
     return FILL if rng.random() < cfg.filler_rate else DIS
 
   def _values(self, rng: random.Random) -> list[int]:
-    return [rng.randrange(self.cfg.n_values) for _ in range(self.cfg.answer_len)]
+    return [rng.randrange(self.cfg.n_values) for _ in range(self.cfg.value_len)]
 
   def _fields(self, rng, kind, q_id, q_key, q_vals):
     """(id, key, values) of one evidence-format line of the given kind."""
@@ -162,7 +162,7 @@ class ReferenceATR:
 
   def _answer_offsets(self, paraphrased: bool) -> set[int]:
     if self.cfg.variant == "value_for_key":
-      return set(range(VALUE_OFFSET, VALUE_OFFSET + self.cfg.answer_len))
+      return set(range(VALUE_OFFSET, VALUE_OFFSET + self.cfg.value_len))
     return {1 if paraphrased else 3}
 
 

@@ -260,7 +260,7 @@ def check_loglik_shape(out: Any, per_token: Optional[bool], what: str) -> None:
         f"{None if shape is None else tuple(shape)} and dtype {dtype} on "
         f"{what}; audit needs the gold log-likelihood {want} as floats. A "
         "shape like [B, V] or [B, A, V] is logits: take log_softmax and pick "
-        "the gold tokens (ceu_jax.scores.gold_loglik). Pass per_token=False "
+        "the gold tokens (ceu_jax.likelihood.gold_loglik). Pass per_token=False "
         "to have any 2-D output rejected")
 
 

@@ -4,7 +4,7 @@ Row schema (what a cell function returns per test condition):
   condition               name of the test condition ('clean', 'delta=0.6', ...)
   eta_test, delta_test, n_test   the test-time data knobs of that condition
   <metric>, <metric>_lo, <metric>_hi, <metric>_n   an aggregate with its 95% CI
-      for metric in METRICS (em, ceu_ev, ceu_dis, ceu_ctrl, supported_0.5, ...)
+      for metric in METRICS (em, ceu_ev, ceu_dis, ceu_control, supported_0.5, ...)
   time_*                  timing columns (differ between runs; excluded from equality)
 Config columns are every leaf field of the cell config ('model.family', ...).
 Only cells of the current grid config are aggregated: cells left in W/cells/ by an
@@ -21,7 +21,7 @@ from typing import Iterable
 from ceu_jax import io
 from ceu_jax.grid import runner
 
-METRICS = ("em", "nll", "ceu_ev", "ceu_dis", "ceu_ctrl", "delta_L", "delta_ev", "delta_dis",
+METRICS = ("em", "nll", "ceu_ev", "ceu_dis", "ceu_control", "delta_L", "delta_ev", "delta_dis",
            "supported_0.25", "supported_0.5", "supported_0.75")
 CONDITION_FIELDS = ("condition", "eta_test", "delta_test", "n_test")
 ID_FIELDS = ("cell_id", "index")

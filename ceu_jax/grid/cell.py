@@ -2,9 +2,14 @@
 
 Test conditions: 'clean' (the training distribution) and one condition per value
 of `grid.delta_test`, `grid.n_test`, `grid.eta_test` that differs from training,
-shifting one knob at a time. Every cell is scored on the same fixed test
-examples per condition (seed `grid.eval_seed`, split 'test'). D+ and D− have
-identical token counts (token-aligned corruptions): the length-matched control.
+shifting one knob at a time. Every condition is scored by the one `Auditor`
+(`ceu_jax.auditor`) at the cell's read port f (`model.read_port`, the port CER
+trained) on THE fixed eval set of `config.eval` with that knob shifted (same
+seed, size and corruptions for every cell); the grid's rows are for the first
+of `eval.corruptions`. The 'clean' condition is exactly the training-time
+evaluation's set, so its rows equal the ones in the cell's eval_final.json and
+in `experiments.audit` of the cell (tested). D+ and D− have identical token
+counts (token-aligned corruptions): the length-matched control.
 """
 from __future__ import annotations
 
@@ -12,15 +17,13 @@ import dataclasses
 import os
 from typing import Callable
 
-import jax
 import ml_collections
 import numpy as np
 
-import architectures
-from ceu_jax import audit, metrics
+from ceu_jax import audit_job
+from ceu_jax import retrieval_adapter as adapter
+from ceu_jax import auditor as auditor_lib
 from ceu_jax.data import tasks
-
-AUDIT_BATCH = 128
 
 
 def test_conditions(config: ml_collections.ConfigDict) -> list[tuple[str, object]]:
@@ -35,32 +38,18 @@ def test_conditions(config: ml_collections.ConfigDict) -> list[tuple[str, object
   return conds
 
 
-def model_for(config, data_cfg):
-  """The cell's model at this condition's sizes (position tables are parameter-free)."""
-  return architectures.build_model(
-      config.model, vocab_size=data_cfg.vocab.size, context_len=data_cfg.context_len,
-      num_passages=data_cfg.num_passages, query_len=data_cfg.query_len,
-      answer_len=data_cfg.target_len)
+def grid_corruption(config: ml_collections.ConfigDict) -> str:
+  """The corruption giving D− for the grid's rows: the first of eval.corruptions."""
+  return tuple(config.eval.corruptions)[0]
 
 
 def audit_condition(config, params, data_cfg) -> dict[str, np.ndarray]:
-  """Per-example audit rows of the fixed test set of one condition."""
-  g = config.grid
-  model = model_for(config, data_cfg)
-  site = architectures.read_port_sites(config.model)[-1][0]
-  loglik_fn = audit.make_loglik_fn(model)
-  spec = tasks.of_config(config.data)
-  clean = spec.generate_batch(data_cfg, g.eval_seed, 0, g.eval_examples, "test")
-  minus = spec.corrupt(data_cfg, clean, g.corruption, jax.random.PRNGKey(g.eval_seed))
-  approx = architectures.span_decomposition(config.model.family) != "exact"
-  parts = []
-  for start in range(0, g.eval_examples, AUDIT_BATCH):
-    take = lambda b: jax.tree_util.tree_map(lambda x: x[start:start + AUDIT_BATCH], b)
-    key = jax.random.fold_in(jax.random.PRNGKey(g.eval_seed), start)
-    parts.append(audit.audit_batch(model, params, loglik_fn, site, take(clean), take(minus),
-                                   key, chunk_size=config.eval.chunk_size,
-                                   eps=config.cer.eps, allow_approximate=approx))
-  return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  """Per-example audit rows of the fixed eval set of one condition (grid corruption)."""
+  corruption = grid_corruption(config)
+  bundle = auditor_lib.audited_model(config, data_cfg=data_cfg)
+  data = auditor_lib.eval_set(config, data_cfg=data_cfg).select((corruption,))
+  auditor = auditor_lib.Auditor(bundle, auditor_lib.AuditSettings.of_config(config))
+  return auditor.rows(params, data)[corruption]
 
 
 def _agg(d: dict | None, prefix: str) -> dict:
@@ -75,8 +64,8 @@ def row_from_summary(s: dict) -> dict:
   row = {"n_examples": s["n"], "n_degenerate": s["n_degenerate"]}
   row.update(_agg(s.get("accuracy", {}).get("em"), "em"))
   row.update(_agg(s.get("nll"), "nll"))
-  for probe, name in (("ev", "ceu_ev"), ("dis", "ceu_dis"), ("ctrl", "ceu_ctrl")):
-    row.update(_agg(s.get("ceu", {}).get(probe, {}).get("all", {}).get("mean"), name))
+  for probe in adapter.PROBES:
+    row.update(_agg(s.get("ceu", {}).get(probe, {}).get("all", {}).get("mean"), f"ceu_{probe}"))
   for name in ("delta_L", "delta_ev", "delta_dis"):
     row.update(_agg(s.get("deltas", {}).get(name, {}).get("mean"), name))
   for tau, agg in s.get("supported_answer_rate", {}).items():
@@ -95,16 +84,15 @@ def run_cell(config: ml_collections.ConfigDict, cell_dir: str, *,
   train_summary = train_fn(config, train_dir)
   params = load_fn(config, train_dir)
   rows = []
+  settings = auditor_lib.AuditSettings.of_config(config)
   for name, data_cfg in test_conditions(config):
     log(f"[cell] auditing condition {name}")
     ex = audit_condition(config, params, data_cfg)
+    summary = auditor_lib.summarize_rows(ex, eps=settings.eps,
+                                         num_resamples=settings.num_resamples)
     if name == "clean":
-      all_rows = {config.grid.corruption: ex}
-      audit.write_outputs(os.path.join(cell_dir, "audit"), all_rows,
-                          {"condition": name}, config.cer.eps)
-    summary = metrics.summarize_audit(
-        {k: v for k, v in ex.items() if k not in ("example_id", "has_evidence")},
-        eps=config.cer.eps)
+      audit_job.write_outputs(os.path.join(cell_dir, "audit"), {grid_corruption(config): ex},
+                              {grid_corruption(config): summary}, {"condition": name})
     rows.append({"condition": name, "eta_test": data_cfg.eta, "delta_test": data_cfg.delta,
                  "n_test": data_cfg.context_len, **row_from_summary(summary)})
   return {"rows": rows, "train": _jsonable(train_summary)}

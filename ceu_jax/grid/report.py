@@ -228,7 +228,7 @@ def _fmt_ci(r: dict, metric: str, with_n: bool = False) -> str:
   return f"{v:.3f}{ci}{n_txt}"
 
 
-CEU_METRICS = ("ceu_ev", "ceu_dis", "ceu_ctrl")
+CEU_METRICS = ("ceu_ev", "ceu_dis", "ceu_control")
 
 
 def summary_table(rows: Sequence[dict]) -> str:
@@ -298,22 +298,18 @@ def what_was_run(rows: Sequence[dict], results: Sequence[dict], config=None) -> 
   conds = _conditions(rows)
   out.append(f"- Test conditions ({len(conds)}): {', '.join(map(str, conds))} — 'clean' is "
              "the training distribution, each other condition shifts one knob (δ, n or η).")
-  g = config.grid if config is not None and "grid" in config else None
-  if g is not None:
+  if config is not None and "eval" in config:
     e = config.eval
     out.append(
-        f"- **Which test set.** Every number in this report comes from the grid's own fixed "
-        f"test sets: split 'test', seed grid.eval_seed = {g.eval_seed}, "
-        f"{g.eval_examples} examples per condition, D− = {g.corruption}; the same examples "
-        "for every cell. The training-time evaluation of each cell "
-        "(cells/<id>/train/eval_final.json, metrics.jsonl, TensorBoard) uses another set — "
-        f"split 'eval', seed eval.seed = {e.seed}, {e.num_examples} examples, corruptions "
-        f"{', '.join(e.corruptions)} — other examples, so its EM and CEU differ from "
-        f"these: with {g.eval_examples} and {e.num_examples} examples, by several points "
-        "from sampling alone.")
+        f"- **Which test set.** Every number in this report comes from THE fixed eval set "
+        f"of config.eval (split 'eval', seed eval.seed = {e.seed}, {e.num_examples} examples"
+        f", D− = {tuple(e.corruptions)[0]}), regenerated under each condition's knob; the "
+        "'clean' condition is the very set each cell's training-time evaluation "
+        "(cells/<id>/train/eval_final.json) scores, so their EM and CEU agree for the same "
+        "checkpoint.")
   else:
-    out.append("- Every number comes from the grid's fixed test sets (split 'test', seed "
-               "grid.eval_seed), not from the training-time evaluation (split 'eval').")
+    out.append("- Every number comes from the fixed eval set of config.eval (split 'eval'), "
+               "the one the training-time evaluation scores.")
   out.append("- CEU values are means over the non-degenerate examples (evidence present, "
              "gap L+ − L− ≥ ε); n beside each mean counts them. EM and the supported-answer "
              "rate are over all examples ('examples').")

@@ -83,9 +83,13 @@ def _deltas(rows: Rows, boot: dict) -> dict:
     return {}
   l_minus = _get(rows, "L_minus")
   sources = {"delta_L": "L_plus", "delta_ev": "L_int_ev",
-             "delta_dis": "L_int_dis", "delta_ctrl": "L_int_ctrl"}
+             "delta_dis": "L_int_dis", "delta_control": "L_int_control"}
   return {name: summary.delta_stats(_get(rows, key) - l_minus, **boot)
           for name, key in sources.items() if key in rows}
+
+
+# Per probe: the row column (bool) that says the probe's span exists for the example.
+PROBE_EXISTS = {"dis": "dis_found"}
 
 
 def _ceu_sections(rows: Rows, degenerate: np.ndarray | None, eps: float,
@@ -97,11 +101,19 @@ def _ceu_sections(rows: Rows, degenerate: np.ndarray | None, eps: float,
   if degenerate is None:
     raise ValueError("CEU rows need a 'degenerate' flag or L_plus and L_minus")
   correct = _get(rows, "correct", bool) if "correct" in rows else None
-  out = {"ceu": {k: summary.ceu_distribution(c, degenerate, correct, **boot)
-                 for k, c in ceus.items()}}
+  n = len(degenerate)
+  evidence = _get(rows, "has_evidence", bool) if "has_evidence" in rows else np.ones(n, bool)
+  out: dict = {"ceu": {}}
+  for k, c in ceus.items():
+    keep = evidence & (_get(rows, PROBE_EXISTS[k], bool) if PROBE_EXISTS.get(k) in rows
+                       else True)
+    out["ceu"][k] = summary.ceu_distribution(
+        c[keep], degenerate[keep], None if correct is None else correct[keep], **boot)
+    out["ceu"][k]["n_without_span"] = int((~keep).sum())
   if "ev" in ceus and correct is not None:
+    # Every example is in the denominator; one without evidence is never supported.
     out["supported_answer_rate"] = summary.supported_answer_rate(
-        correct, ceus["ev"], degenerate, taus, **boot)
+        correct, np.where(evidence, ceus["ev"], 0.0), degenerate | ~evidence, taus, **boot)
   return out
 
 
@@ -118,11 +130,14 @@ def summarize_audit(rows: Rows, *, taus: Sequence[float] = summary.DEFAULT_TAUS,
     correct      bool, EM of the answer on D+ (token-id or SQuAD EM).
     f1           float, token F1 on D+.
     L_plus, L_minus  float, gold log-likelihoods log p(y*|q,D+), log p(y*|q,D−).
-    L_int_ev, L_int_dis, L_int_ctrl  float, gold log-likelihood of the
+    L_int_ev, L_int_dis, L_int_control  float, gold log-likelihood of the
                  evidence / distractor / control patched runs.
-    ceu_ev, ceu_dis, ceu_ctrl  float, stabilised CEU; when absent they are
+    ceu_ev, ceu_dis, ceu_control  float, stabilised CEU; when absent they are
                  computed from L_int_*, L_minus, L_plus with `eps`.
     degenerate   bool, gap flag; when absent it is L_plus − L_minus < eps.
+    has_evidence bool, D+ holds the evidence; CEU statistics are over these
+                 examples only (the others have no span to restore).
+    dis_found    bool, a distractor span exists; CEU_dis is over these only.
     num_tokens   int, answer length (adds NLL per token).
     confidence   float in [0, 1], confidence in the predicted answer.
     probs [n, K], labels [n]  class probabilities and gold class.
@@ -130,27 +145,34 @@ def summarize_audit(rows: Rows, *, taus: Sequence[float] = summary.DEFAULT_TAUS,
   Output (every aggregate is a record {value, ci_low, ci_high, n}; value and
   CI are None when n = 0):
     n                 int, number of examples.
-    n_degenerate      int, degenerate examples (iff the flag is known).
+    n_degenerate      int, degenerate examples with evidence (iff the flag is known).
+    n_without_evidence  int, examples whose D+ lacks the evidence (iff has_evidence).
     accuracy          {em, f1}: means over all examples.
     nll               mean −L_plus; nll_per_token when num_tokens is given.
     calibration       {ece, brier_binary (from confidence, correct),
                        brier_multiclass (from probs, labels), num_bins}.
     deltas            {delta_L = L+ − L−, delta_ev = L_int_ev − L−, delta_dis,
-                       delta_ctrl}: each {mean, median}, over all examples
+                       delta_control}: each {mean, median}, over all examples
                        (degenerate ones included).
-    ceu               {ev, dis, ctrl}: each {all, correct, incorrect}: each
-                       {mean, median, q10, q25} over non-degenerate examples,
-                       plus n_degenerate {all, correct, incorrect} (counts).
+    ceu               {ev, dis, control}: each {all, correct, incorrect}: each
+                       {mean, median, q10, q25} over non-degenerate examples
+                       with the probe's span, plus n_degenerate {all, correct,
+                       incorrect} (counts) and n_without_span (examples
+                       without evidence, or without a distractor for dis).
     supported_answer_rate  {"0.25", "0.5", "0.75" (str(τ) with %g)}: share of
-                       all examples correct AND non-degenerate AND CEU_ev ≥ τ.
+                       all examples correct AND with evidence AND
+                       non-degenerate AND CEU_ev ≥ τ.
     settings          {taus, eps, num_bins, num_resamples, seed, level}.
   """
   n = _n_rows(rows)
   boot = {"num_resamples": num_resamples, "seed": seed, "level": level}
   degenerate = _degenerate(rows, eps)
   out: dict = {"n": n}
+  evidence = _get(rows, "has_evidence", bool) if "has_evidence" in rows else None
   if degenerate is not None:
-    out["n_degenerate"] = int(degenerate.sum())
+    out["n_degenerate"] = int((degenerate if evidence is None else degenerate & evidence).sum())
+  if evidence is not None:
+    out["n_without_evidence"] = int((~evidence).sum())
   sections = {"accuracy": _accuracy(rows, boot),
               "calibration": _calibration(rows, num_bins, boot),
               "deltas": _deltas(rows, boot)}

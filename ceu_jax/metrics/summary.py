@@ -15,7 +15,7 @@ from ceu_jax.metrics import resampling as bs
 DEFAULT_TAUS = (0.25, 0.5, 0.75)
 DEFAULT_EPS = 1e-3
 CEU_QUANTILES = {"q10": 0.10, "q25": 0.25}
-CEU_KINDS = ("ev", "dis", "ctrl")
+CEU_KINDS = ("ev", "dis", "control")   # probe names (ceu_jax.retrieval_adapter.PROBES)
 
 
 def _tau_key(tau: float) -> str:

@@ -12,7 +12,7 @@ tokens (A = the model's answer length). The model is any flax module with
   after the current one hold PAD and are never read: the reader is causal);
 * continuation after a forced prefix f: the slots 0..|f|-1 hold f (teacher
   forcing), greedy from slot |f| on;
-* loglik: teacher-forced `scores.gold_loglik` (PAD answer slots do not count).
+* loglik: teacher-forced `likelihood.gold_loglik` (PAD answer slots do not count).
 
 `max_new_tokens` may not exceed the free slots (A − |f|): PromptTooLongError.
 Stop entries must be token ids (a text stop needs a tokenizer; there is none).
@@ -28,10 +28,10 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from ceu_jax import scores
+from ceu_jax import likelihood
 from ceu_jax.readers import base
 
-PAD = scores.PAD
+PAD = likelihood.PAD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,4 +145,4 @@ class ATRReader(base.Reader[ATRPrompt, Sequence[int]]):
     for i, a in enumerate(ans):
       answer[i, :len(a)] = a
     logits = self._logits(q, c, p, answer)
-    return np.asarray(scores.gold_loglik(logits, answer), np.float64)
+    return np.asarray(likelihood.gold_loglik(logits, answer), np.float64)

@@ -139,7 +139,7 @@ def gold_logit(z, gold) -> np.ndarray:
 
 
 def gold_loglik(z, gold) -> np.ndarray:
-  """Gold log-likelihood L [B] (float64 numpy twin of ceu_jax.scores)."""
+  """Gold log-likelihood L [B] (float64 numpy twin of ceu_jax.likelihood)."""
   z, gold = _as_tokens(z, gold)
   return _gold(_log_softmax(z), gold)
 

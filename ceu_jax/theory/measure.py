@@ -3,7 +3,7 @@
 Everything here runs a trained model; the statistics live in the other theory
 modules. Evaluation sets come from the generator itself
 (`data.atr.generate_batch` with test-time η and δ), corruptions from
-`data.corruptions`, CEU from the engine through `ceu_jax.audit.audit_batch`.
+`data.corruptions`, CEU rows from the one `ceu_jax.auditor.Auditor`.
 
 Shape legend: B batch, N context, A answer tokens, V vocabulary.
 """
@@ -14,13 +14,11 @@ import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-import architectures
-from ceu_jax import audit, engine
-from ceu_jax.audit_job import read_port
-from ceu_jax.data import atr, corruptions
+from ceu_jax import auditor as auditor_lib
+from ceu_jax import engine
+from ceu_jax.data import atr, corruptions, evalsets
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import RetrievalBatch
 from ceu_jax.theory import identifiability
@@ -31,26 +29,33 @@ from ceu_jax.theory.upper_bound import logit_margin
 class TrainedModel:
   """A trained model with what the measurements need."""
   name: str
-  data_cfg: ATRConfig
-  model: Any                 # flax module (hashable: a jit static argument)
+  audited: auditor_lib.AuditedModel     # model, read port f, data (ceu_jax.auditor)
   variables: dict
-  site: str                  # read port path:method
-  approximate: bool          # span decomposition of the port is approximate
-  loglik_fn: Any             # one object per model (the engine caches on it)
+  settings: auditor_lib.AuditSettings   # the training config's audit settings
+
+  @property
+  def data_cfg(self) -> ATRConfig:
+    return self.audited.data_cfg
+
+  @property
+  def model(self) -> Any:
+    return self.audited.model
+
+  @property
+  def site(self) -> engine.Site:
+    return self.audited.site
+
+  @property
+  def approximate(self) -> bool:
+    return self.audited.approximate
 
 
 def load_trained(name: str, config, workdir: str) -> TrainedModel:
   """The newest checkpoint of the training run `config` in `workdir`."""
   from ceu_jax.train import load_trained_params
-  data_cfg = ATRConfig.from_config(config.data)
-  model = architectures.build_model(
-      config.model, vocab_size=data_cfg.vocab.size, context_len=data_cfg.context_len,
-      num_passages=data_cfg.num_passages, query_len=data_cfg.query_len,
-      answer_len=data_cfg.target_len)
-  variables = load_trained_params(config, workdir)
-  approximate = architectures.span_decomposition(config.model.family) != "exact"
-  return TrainedModel(name, data_cfg, model, variables, read_port(config),
-                      approximate, audit.make_loglik_fn(model))
+  return TrainedModel(name, auditor_lib.audited_model(config),
+                      load_trained_params(config, workdir),
+                      auditor_lib.AuditSettings.of_config(config))
 
 
 def eval_set(data_cfg: ATRConfig, seed: int, num: int, *, split: str = "test",
@@ -89,17 +94,16 @@ def measure_set(tm: TrainedModel, clean: RetrievalBatch, corruption: str,
   margin on D+ / D−, nats) and swap_margin = margin_plus − margin_minus.
   """
   corrupt = corruptions.corrupt(tm.data_cfg, clean, corruption, key)
-  parts = []
-  for i, (a, b) in enumerate(_slices(clean.batch_size, batch_size)):
-    c, d = _take(clean, a, b), _take(corrupt, a, b)
-    rows = audit.audit_batch(tm.model, tm.variables, tm.loglik_fn, tm.site, c, d,
-                             jax.random.fold_in(key, i), chunk_size=chunk_size,
-                             eps=eps, allow_approximate=tm.approximate)
-    gold = np.asarray(c.answer)
-    rows["margin_plus"] = logit_margin(logits(tm, c), gold)
-    rows["margin_minus"] = logit_margin(logits(tm, d), gold)
-    parts.append(rows)
-  out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  data = evalsets.FixedEvalSet(clean, {corruption: corrupt}, identity={})
+  settings = dataclasses.replace(tm.settings, batch_size=batch_size, chunk_size=chunk_size,
+                                 eps=eps)
+  out = auditor_lib.Auditor(tm.audited, settings).rows(tm.variables, data)[corruption]
+  gold = np.asarray(clean.answer)
+  margins = {"margin_plus": [], "margin_minus": []}
+  for a, b in _slices(clean.batch_size, batch_size):
+    margins["margin_plus"].append(logit_margin(logits(tm, _take(clean, a, b)), gold[a:b]))
+    margins["margin_minus"].append(logit_margin(logits(tm, _take(corrupt, a, b)), gold[a:b]))
+  out.update({k: np.concatenate(v) for k, v in margins.items()})
   out["swap_margin"] = out["margin_plus"] - out["margin_minus"]
   keep = ("correct", "has_evidence", "ceu_ev", "degenerate", "L_plus", "L_minus",
           "margin_plus", "margin_minus", "swap_margin")
@@ -110,7 +114,7 @@ def measure_set(tm: TrainedModel, clean: RetrievalBatch, corruption: str,
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _t1_logits(model, site: str, approximate: bool, variables, clean, corrupt, span):
+def _t1_logits(model, site: engine.Site, approximate: bool, variables, clean, corrupt, span):
   """(z+, z−, z_int) [B, A, V]: z_int patches Π_S h_f(D+) into the run on D−."""
   def logits_fn(v, inputs):
     return model.apply(v, *inputs)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 import architectures
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.data import tasks
-from ceu_jax.train import losses
+from ceu_jax.train import fields, losses
 from ceu_jax.train import sharding as sharding_lib
 
 TASKS = tasks.TASKS
@@ -23,49 +23,15 @@ SECTIONS = ("seed", "data", "model", "train", "cer", "eval", "sharding")
 # Sections that other tools add to a training config and training ignores
 # (the grid runner's cell settings, ceu_jax/grid).
 IGNORED_SECTIONS = ("grid", "sweep")
-MODEL_FIELDS = ("family", "preset", "retrieval_layers", "bypass", "dtype", "overrides")
-CER_CORRUPTIONS = tuple(dict.fromkeys(tasks.ATR_CORRUPTIONS + tasks.FACTQA_CORRUPTIONS))
+MODEL_FIELDS = ("family", "preset", "retrieval_layers", "read_port", "bypass", "dtype",
+                "overrides")
+CER_CORRUPTIONS = losses.CER_CORRUPTIONS
 LOGICAL_AXES = ("batch", "length", "ctx", "embed", "heads", "kv", "mlp", "vocab", "ports",
                 "state")
 # Eval metric -> 'max' | 'min' (which direction is better, for the best checkpoint).
 BEST_METRICS = {"em": "max", "nll": "min", "ceu_ev": "max", "supported_0.5": "max"}
 # Fields whose change between runs in one workdir invalidates the checkpoint.
 RESUME_FIXED = workdir_lib.FIXED_FIELDS
-
-
-def _is_num(x: Any) -> bool:
-  return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _is_int(x: Any) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _ge(lo: float, integer: bool = False) -> Callable[[Any], str | None]:
-  def check(x):
-    ok = (_is_int(x) if integer else _is_num(x)) and x >= lo
-    return None if ok else f"must be {'an integer' if integer else 'a number'} >= {lo}"
-  return check
-
-
-def _one_of(*allowed) -> Callable[[Any], str | None]:
-  return lambda x: None if x in allowed else f"must be one of {allowed}"
-
-
-def _alpha(x):
-  return None if _is_num(x) and 0 < x <= 1 else "must be in (0, 1]"
-
-
-def _any_int(x):
-  return None if _is_int(x) else "must be an integer"
-
-
-def _any_num(x):
-  return None if _is_num(x) else "must be a number"
-
-
-def _is_bool(x):
-  return None if isinstance(x, bool) else "must be a bool"
 
 
 def _debug_kill(x):
@@ -77,27 +43,21 @@ def _debug_kill(x):
   return "must be '' or '<after_step|in_save|after_save|sigterm>:<step>'"
 
 
+_ge = fields.ge
 TRAIN_FIELDS: dict[str, Callable[[Any], str | None]] = {
     "batch_size": _ge(1, True), "num_steps": _ge(1, True), "learning_rate": _ge(0),
     "warmup_steps": _ge(0, True), "weight_decay": _ge(0), "grad_clip": _ge(0),
     "log_every": _ge(1, True), "eval_every": _ge(0, True), "checkpoint_every": _ge(1, True),
-    "keep_latest": _ge(1, True), "keep_best": _ge(0, True), "async_checkpointing": _is_bool,
+    "keep_latest": _ge(1, True), "keep_best": _ge(0, True), "async_checkpointing": fields.boolean,
     "debug_nan_step": _ge(-1, True), "debug_kill": _debug_kill,
 }
-CER_FIELDS: dict[str, Callable[[Any], str | None]] = {
-    "regularizer": _one_of(*losses.REGULARIZERS), "lambda_ev": _ge(0), "alpha": _alpha,
-    "lambda_dis": _ge(0), "beta_swap": _ge(0), "swap_form": _one_of(*losses.SWAP_FORMS),
-    "gamma": _ge(0), "lambda_noret": _ge(0), "beta0": _any_num, "k": _one_of(1, 2, 3),
-    "grad_path": _one_of(*losses.GRAD_PATHS), "corruption": _one_of(*CER_CORRUPTIONS),
-    "eps": lambda x: None if _is_num(x) and x > 0 else "must be > 0",
-    "gap_floor": lambda x: None if _is_num(x) and x > 0 else "must be > 0",
-    "site": _any_int,
-}
+# Derived from the one definition of the `cer` fields (ceu_jax.train.losses.LossConfig).
+CER_FIELDS: dict[str, Callable[[Any], str | None]] = fields.checks(losses.LossConfig)
 EVAL_FIELDS: dict[str, Callable[[Any], str | None]] = {
     "num_examples": _ge(1, True), "batch_size": _ge(1, True), "seed": _ge(0, True),
     "corruptions": lambda x: (None if isinstance(x, (tuple, list)) and len(x) > 0 and all(
         c in CER_CORRUPTIONS for c in x) else f"must be a non-empty subset of {CER_CORRUPTIONS}"),
-    "chunk_size": _ge(1, True), "best_metric": _one_of(*BEST_METRICS),
+    "chunk_size": _ge(1, True), "best_metric": fields.one_of(*BEST_METRICS),
     "num_resamples": _ge(0, True),
 }
 SHARDING_FIELDS = ("mesh_shape", "mesh_axes", "logical_axis_rules")
@@ -109,16 +69,16 @@ def _items(section: Any) -> dict:
   return dict(section)
 
 
-def _check_section(name: str, section: Any, fields: Mapping[str, Callable]) -> None:
+def _check_section(name: str, section: Any, checks: Mapping[str, Callable]) -> None:
   items = _items(section)
-  unknown = sorted(set(items) - set(fields))
+  unknown = sorted(set(items) - set(checks))
   if unknown:
     raise ValueError(f"{name}.{unknown[0]} is an unknown field; known fields of {name}: "
-                     f"{sorted(fields)}")
-  missing = sorted(set(fields) - set(items))
+                     f"{sorted(checks)}")
+  missing = sorted(set(checks) - set(items))
   if missing:
     raise ValueError(f"{name}.{missing[0]} is missing")
-  for key, check in fields.items():
+  for key, check in checks.items():
     err = check(items[key])
     if err:
       raise ValueError(f"{name}.{key} {err}, got {items[key]!r}")
@@ -170,7 +130,7 @@ def validate(config: Any, num_devices: int | None = None) -> None:
   for name in SECTIONS:
     if name not in top:
       raise ValueError(f"{name} is missing from the config")
-  if not _is_int(top["seed"]) or top["seed"] < 0:
+  if not fields.is_int(top["seed"]) or top["seed"] < 0:
     raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
   data = _items(config.data)
   if data.get("task") not in TASKS:
@@ -193,9 +153,6 @@ def validate(config: Any, num_devices: int | None = None) -> None:
                      f"distractor probe), got {c.k}")
   if c.swap_form == "hinge" and c.beta_swap > 0 and c.gamma <= 0:
     raise ValueError(f"cer.gamma must be > 0 for the hinge swap term, got {c.gamma}")
-  n_sites = len(architectures.read_port_sites(model))
-  if not -n_sites <= c.site < n_sites:
-    raise ValueError(f"cer.site must index one of the {n_sites} read ports, got {c.site}")
   if e.num_examples % e.batch_size:
     raise ValueError(f"eval.num_examples ({e.num_examples}) must be a multiple of "
                      f"eval.batch_size ({e.batch_size})")

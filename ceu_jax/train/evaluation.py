@@ -1,104 +1,73 @@
-"""Periodic evaluation on the fixed eval set: EM, NLL and CEU via the engine.
+"""Periodic evaluation during training: the one `Auditor` on the run's fixed eval set.
 
-For every corruption in `eval.corruptions`, D− = corrupt(D+, key fold_in(eval
-seed, corruption index)) and `ceu_jax.audit.audit_batch` (the engine's `audit`)
-scores three span probes ('ev' = E(D+), 'dis' = one evidence-format
-non-evidence line, 'ctrl' = a random non-evidence span of the evidence's
-length) at the training site.
-
-Periodic metrics (floats, JSON-able; the first corruption has no prefix, the
-others are prefixed '<corruption>/'):
-  em, nll               exact match (teacher-forced argmax = greedy EM) and −L+.
-  ceu_ev, ceu_dis, ceu_ctrl  mean clipped CEU over examples with evidence and a
-                        non-degenerate gap.
-  n_degenerate          examples with evidence but gap < ε.
-  supported_0.5         share of all examples correct, non-degenerate, CEU_ev ≥ 0.5.
-`final_summary` adds `ceu_jax.metrics.summarize_audit` per corruption (CIs).
+The eval set is `ceu_jax.auditor.eval_set(config)` (config.eval: seed,
+num_examples, corruptions) and the rows are `Auditor.rows` at the training
+read port — the same rows `experiments.audit` and the grid compute for the same
+checkpoint. Periodic metrics are read off `Auditor.summarize` (floats, JSON-able;
+the first corruption has no prefix, the others are prefixed '<corruption>/'):
+  em, nll                 exact match (teacher-forced argmax) and −L+, all examples.
+  ceu_ev, ceu_dis, ceu_control  mean clipped CEU over examples with the probe's span
+                          and a non-degenerate gap.
+  n_ceu_ev                the number of examples behind ceu_ev.
+  n_degenerate            examples with evidence but gap < ε.
+  supported_0.5           share of all examples correct, with evidence,
+                          non-degenerate and CEU_ev ≥ 0.5.
+`final_summary` is the summary per corruption (with CIs), written to eval_final.json
+together with the eval set's identity (`Evaluator.data.identity`).
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-import jax
 import numpy as np
 
-from ceu_jax import audit as audit_lib
-from ceu_jax import metrics as metrics_lib
-from ceu_jax.train import task as task_lib
+from ceu_jax import auditor as auditor_lib
+from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.train import sharding as sharding_lib
+from ceu_jax.train import task as task_lib
 
-PROBES = ("ev", "dis", "ctrl")
 
-
-@functools.lru_cache(maxsize=16)
-def _loglik_fn(model):
-  return audit_lib.make_loglik_fn(model)
+def periodic_metrics(summary: dict) -> dict[str, float]:
+  """The scalar metrics of one corruption's summary (NaN where there is no value)."""
+  def value(agg):
+    return float("nan") if not agg or agg.get("value") is None else float(agg["value"])
+  out = {"em": value(summary.get("accuracy", {}).get("em")),
+         "nll": value(summary.get("nll")),
+         "n_degenerate": float(summary.get("n_degenerate", 0))}
+  ceu = summary.get("ceu", {})
+  for p in adapter.PROBES:
+    mean = ceu.get(p, {}).get("all", {}).get("mean")
+    out[f"ceu_{p}"] = value(mean)
+    if p == adapter.EV:
+      out["n_ceu_ev"] = float(mean["n"]) if mean else 0.0
+  out["supported_0.5"] = value(summary.get("supported_answer_rate", {}).get("0.5"))
+  return out
 
 
 class Evaluator:
-  """Holds the eval set (D+ and D− per corruption) on the mesh; scores it with
-  `ceu_jax.audit.audit_batch` (the engine's audit and the audit's probe spans)."""
+  """The run's fixed eval set on the mesh, scored by the `Auditor`."""
 
   def __init__(self, config: Any, task: task_lib.Task, batch_sharding: Any = None):
-    self.task = task
-    self.corruption_names = tuple(config.eval.corruptions)
-    self.chunk_size = int(config.eval.chunk_size)
-    self.eps = float(config.cer.eps)
-    self.num_resamples = int(config.eval.num_resamples)
-    self.seed = int(config.eval.seed)
+    self.data = auditor_lib.eval_set(config, data_cfg=task.data_cfg)
     put = ((lambda t: sharding_lib.shard_batch(t, batch_sharding)) if batch_sharding
-           is not None else (lambda t: t))
-    self.batches = []
-    for clean in task_lib.eval_batches(config, task.data_cfg):
-      corrupt = {name: task.data.corrupt(task.data_cfg, clean, name,
-                                         jax.random.fold_in(jax.random.PRNGKey(self.seed), j))
-                 for j, name in enumerate(self.corruption_names)}
-      self.batches.append(put(dict(clean=clean, corrupt=corrupt)))
+           is not None else None)
+    self.auditor = auditor_lib.Auditor(task.audited, auditor_lib.AuditSettings.of_config(config),
+                                       put=put)
 
   def rows(self, params: Any) -> dict[str, dict[str, np.ndarray]]:
-    """Per-example audit rows {corruption: {correct, L_plus, L_minus, L_int_ev, ...}}."""
-    variables = {"params": params}
-    out: dict[str, dict[str, list]] = {c: {} for c in self.corruption_names}
-    for i, b in enumerate(self.batches):
-      key = jax.random.fold_in(jax.random.PRNGKey(self.seed), task_lib.PROBE_SALT + i)
-      for name in self.corruption_names:
-        rows = audit_lib.audit_batch(
-            self.task.model, variables, _loglik_fn(self.task.model), self.task.site,
-            b["clean"], b["corrupt"][name], key, chunk_size=self.chunk_size, eps=self.eps,
-            allow_approximate=self.task.approximate)
-        for k, v in rows.items():
-          out[name].setdefault(k, []).append(np.asarray(v))
-    return {c: {k: np.concatenate(v) for k, v in cols.items()} for c, cols in out.items()}
-
-  def _means(self, r: dict[str, np.ndarray]) -> dict[str, float]:
-    ok = r["has_evidence"] & ~r["degenerate"]
-    out = {"n_degenerate": float((r["has_evidence"] & r["degenerate"]).sum())}
-    for p in PROBES:
-      ceu = r[f"ceu_{p}"]
-      out[f"ceu_{p}"] = float(ceu[ok].mean()) if ok.any() else float("nan")
-    with np.errstate(invalid="ignore"):
-      out["supported_0.5"] = float((r["correct"] & ok & (r["ceu_ev"] >= 0.5)).mean())
-    return out
+    """Per-example audit rows {corruption: {column: [n]}}."""
+    return self.auditor.rows({"params": params}, self.data)
 
   def evaluate(self, params: Any) -> tuple[dict[str, float], dict]:
     """(periodic metrics, rows)."""
     rows = self.rows(params)
-    first = rows[self.corruption_names[0]]
-    out = {"em": float(first["correct"].mean()), "nll": float(-first["L_plus"].mean())}
-    for i, name in enumerate(self.corruption_names):
+    summary = self.auditor.summarize(rows)
+    out = {}
+    for i, name in enumerate(self.data.corruptions):
       prefix = "" if i == 0 else f"{name}/"
-      out.update({prefix + k: v for k, v in self._means(rows[name]).items()})
+      out.update({prefix + k: v for k, v in periodic_metrics(summary[name]).items()})
     return out, rows
 
   def final_summary(self, rows: dict) -> dict:
-    """`summarize_audit` per corruption (CEU over examples with evidence)."""
-    out = {}
-    for name, r in rows.items():
-      keep = r["has_evidence"]
-      sel = {k: v[keep] for k, v in r.items()
-             if k in ("correct", "L_plus", "L_minus", "L_int_ev", "L_int_dis", "L_int_ctrl")}
-      out[name] = metrics_lib.summarize_audit(sel, eps=self.eps,
-                                              num_resamples=max(self.num_resamples, 1))
-      out[name]["n_without_evidence"] = int((~keep).sum())
-    return out
+    """`Auditor.summarize` per corruption (CIs)."""
+    return self.auditor.summarize(rows)

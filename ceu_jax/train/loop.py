@@ -104,7 +104,7 @@ def _host(tree: Any) -> dict:
 
 
 def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = None,
-                       site: str | None = None, fresh: bool = False,
+                       site: Any = None, fresh: bool = False,
                        allow_config_change: Iterable[str] | str = ()) -> dict:
   """Train (or resume) the run of `config` in `workdir`; returns the final metrics.
 
@@ -270,6 +270,7 @@ def _train(config, workdir, model, site, fresh, allow_config_change) -> dict:
         if jax.process_index() == 0:
           ckpt_lib.write_json_atomic(os.path.join(workdir, "eval_final.json"),
                                      {"step": final_step, "periodic": eval_metrics,
+                                      "eval_set": dict(evaluator.data.identity),
                                       "summary": result["final_eval"]})
     writer.close()
     ckpt_lib.write_status(workdir, "completed", final_step, checkpoint_step=final_step,

@@ -40,79 +40,54 @@ Shape legend: K probes, B batch, N context tokens, L line slots.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ceu_jax import audit as audit_lib
+from ceu_jax import retrieval_adapter as adapter
+from ceu_jax.data import tasks
 from ceu_jax.data.types import RetrievalBatch
-from ceu_jax.engine import probes as probes_lib
 from ceu_jax.engine import runner
+from ceu_jax.engine.sites import Site
 from ceu_jax.engine import scores as engine_scores
-from ceu_jax.scores import answer_correct, gold_loglik
+from ceu_jax.likelihood import answer_correct, gold_loglik
+from ceu_jax.retrieval_adapter import ModelInputs
+from ceu_jax.train import fields as F
 
 REGULARIZERS = ("none", "evidence", "evidence_distractor")
 SWAP_FORMS = ("contrastive", "hinge")
 GRAD_PATHS = ("all", "numerator")
-PROBE_NAMES = ("ev", "dis", "control")
-
-
-@flax.struct.dataclass
-class ModelInputs:
-  """Arguments of `model.apply`; `frozen` (static) = run under stop_gradient."""
-  query: jax.Array        # [B, Q]
-  context: jax.Array      # [B, N]
-  passage_ids: jax.Array  # [B, N]
-  answer: jax.Array       # [B, A]
-  frozen: bool = flax.struct.field(pytree_node=False, default=False)
-
-  @classmethod
-  def of(cls, batch: RetrievalBatch, frozen: bool = False) -> "ModelInputs":
-    return cls(batch.query, batch.context, batch.passage_ids, batch.answer, frozen)
-
-
-LoglikFn = Callable[[Any, ModelInputs], jax.Array]
-
-
-@functools.lru_cache(maxsize=32)
-def loglik_fn_for(model: nn.Module) -> LoglikFn:
-  """`loglik_fn(variables, inputs) -> L [B]` for the engine; one object per model
-  (the engine's compiled audit is cached on it)."""
-  def loglik_fn(variables: Any, inputs: ModelInputs) -> jax.Array:
-    if inputs.frozen:
-      variables = jax.lax.stop_gradient(variables)
-    logits = model.apply(variables, inputs.query, inputs.context, inputs.passage_ids,
-                         inputs.answer)
-    return gold_loglik(logits, inputs.answer)
-  return loglik_fn
+CER_CORRUPTIONS = tuple(dict.fromkeys(tasks.ATR_CORRUPTIONS + tasks.FACTQA_CORRUPTIONS))
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  """The `cer` config section, validated (see ceu_jax.train.config)."""
-  regularizer: str = "none"
-  lambda_ev: float = 1.0
-  alpha: float = 0.6
-  lambda_dis: float = 0.5
-  beta_swap: float = 0.0
-  swap_form: str = "hinge"
-  gamma: float = 2.0
-  lambda_noret: float = 0.0
-  beta0: float = -3.0
-  k: int = 2
-  grad_path: str = "all"
-  corruption: str = "value_swap"
-  eps: float = 1e-3
-  gap_floor: float = 0.25
+  """The `cer` config section: the one definition of its fields, defaults and checks."""
+  regularizer: str = F.field("none", F.one_of(*REGULARIZERS),
+                             "none | evidence | evidence_distractor")
+  lambda_ev: float = F.field(1.0, F.ge(0), "λ_ev weight of [α − CEU_ev]_+")
+  alpha: float = F.field(0.6, F.unit_open_closed, "α target evidence CEU, in (0, 1]")
+  lambda_dis: float = F.field(0.5, F.ge(0), "λ_dis weight of [CEU_dis]_+")
+  beta_swap: float = F.field(0.0, F.ge(0), "β weight of the swap term (0 = off)")
+  swap_form: str = F.field("hinge", F.one_of(*SWAP_FORMS), "contrastive | hinge")
+  gamma: float = F.field(2.0, F.ge(0), "γ hinge margin of the swap term (nats)")
+  lambda_noret: float = F.field(0.0, F.ge(0), "λ_noret no-retrieval penalty (0 = off)")
+  beta0: float = F.field(-3.0, F.any_num, "β_0 allowed log p(y*|q, ∅) (nats)")
+  k: int = F.field(2, F.one_of(1, 2, 3),
+                   "intervened runs per example: 1 ev, 2 +dis, 3 +control")
+  grad_path: str = F.field("all", F.one_of(*GRAD_PATHS),
+                           "all | numerator (clean recording under stop_gradient)")
+  corruption: str = F.field("value_swap", F.one_of(*CER_CORRUPTIONS),
+                            "corruption giving D− for CER and the swap term")
+  eps: float = F.field(1e-3, F.gt(0), "ε of the stabilised CEU (degenerate below)")
+  gap_floor: float = F.field(0.25, F.gt(0),
+                             "γ₀ (nats): CER terms scaled by gap/γ₀ below it")
 
   @classmethod
   def from_config(cls, cer: Any) -> "LossConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in dict(cer).items() if k in names})
+    return F.from_section(cls, cer)
 
   @property
   def uses_probes(self) -> bool:
@@ -128,35 +103,12 @@ class LossConfig:
     return self.regularizer == "evidence_distractor"
 
 
-def probe_set(clean: RetrievalBatch, corrupt: RetrievalBatch, k: int, key: jax.Array
-              ) -> tuple[probes_lib.Probes, jax.Array]:
-  """The first k of ('ev', 'dis', 'control') span probes, and dis_found [B].
-
-  Same spans as the audit (`ceu_jax.audit.batch_probes`): the distractor is one
-  evidence-format non-evidence line untouched by the corruption (a hard negative
-  when there is one); the control a random non-evidence span inside the lines.
-  """
-  k_dis, k_ctrl = jax.random.split(key)
-  dis = audit_lib.distractor_line_mask(clean, corrupt, k_dis)
-  probes = probes_lib.evidence_probes(
-      clean.evidence_mask,
-      distractor_mask=dis if k >= 2 else None,
-      control_key=k_ctrl if k >= 3 else None,
-      candidate_mask=clean.line_ids >= 0)
-  return probes, dis.any(-1)
-
-
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   m = mask.astype(jnp.float32)
   return (x * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def empty_context(batch: RetrievalBatch) -> RetrievalBatch:
-  """∅: the same example with every context token [PAD] (id 0)."""
-  return batch.replace(context=jnp.zeros_like(batch.context))
-
-
-def cer_loss(params: Any, model: nn.Module, site: str, clean: RetrievalBatch,
+def cer_loss(params: Any, model: nn.Module, site: Site, clean: RetrievalBatch,
              corrupt: RetrievalBatch | None, key: jax.Array, cfg: LossConfig,
              nan_scale: jax.Array | None = None, allow_approximate: bool = False
              ) -> tuple[jax.Array, dict]:
@@ -167,7 +119,7 @@ def cer_loss(params: Any, model: nn.Module, site: str, clean: RetrievalBatch,
   multiplies the loss; `allow_approximate` permits span patches at a port with
   an approximate decomposition (memory_port).
   """
-  loglik = loglik_fn_for(model)
+  loglik = adapter.loglik_fn_for(model)
   variables = {"params": params}
   logits = model.apply(variables, *clean.model_inputs())
   l_plus = gold_loglik(logits, clean.answer)                   # [B]
@@ -189,7 +141,7 @@ def cer_loss(params: Any, model: nn.Module, site: str, clean: RetrievalBatch,
       per_example = per_example + cfg.beta_swap * swap
       metrics["swap"] = _masked_mean(swap, clean.has_evidence)
     if cfg.uses_probes:
-      probes, dis_found = probe_set(clean, corrupt, cfg.k, key)
+      probes, dis_found = adapter.probe_set(clean, corrupt, key, cfg.k)
       frozen = cfg.grad_path == "numerator"
       l_int = runner.intervened_logliks(
           loglik, variables, clean=ModelInputs.of(clean, frozen=frozen), corrupt=ModelInputs.of(corrupt),
@@ -197,23 +149,25 @@ def cer_loss(params: Any, model: nn.Module, site: str, clean: RetrievalBatch,
       gap_g = gap_c if frozen else gap     # numerator mode: the gap is a constant
       delta = engine_scores.delta_int(l_int, l_minus)                  # [K, B]
       den = jnp.maximum(gap_g, cfg.gap_floor)
-      ceu = jnp.clip(engine_scores.ceu(l_int, l_plus, l_minus, cfg.eps), 0.0, 1.0)
+      ceu = engine_scores.ceu(l_int, l_plus, l_minus, cfg.eps)         # [K, B]
+      row = lambda x, name: x[probes.index(name)]
       # [α − CEU_ev]_+ for gap ≥ gap_floor; scaled by gap/gap_floor below it.
-      ev_term = jnp.where(valid, jnp.maximum(cfg.alpha * gap_g - delta[0], 0.0) / den, 0.0)
+      ev_term = jnp.where(
+          valid, jnp.maximum(cfg.alpha * gap_g - row(delta, adapter.EV), 0.0) / den, 0.0)
       per_example = per_example + cfg.lambda_ev * ev_term
-      metrics.update(cer_ev=ev_term.mean(), ceu_ev=_masked_mean(ceu[0], valid))
-      if cfg.k >= 2:
+      metrics.update(cer_ev=ev_term.mean(), ceu_ev=_masked_mean(row(ceu, adapter.EV), valid))
+      if adapter.DIS in probes.names:
         dis_ok = valid & dis_found
-        metrics["ceu_dis"] = _masked_mean(ceu[1], dis_ok)
+        metrics["ceu_dis"] = _masked_mean(row(ceu, adapter.DIS), dis_ok)
         if cfg.uses_dis:
-          dis_term = jnp.where(dis_ok, jnp.maximum(delta[1], 0.0) / den, 0.0)
+          dis_term = jnp.where(dis_ok, jnp.maximum(row(delta, adapter.DIS), 0.0) / den, 0.0)
           per_example = per_example + cfg.lambda_dis * dis_term
           metrics["cer_dis"] = dis_term.mean()
-      if cfg.k >= 3:
-        metrics["ceu_ctrl"] = _masked_mean(ceu[2], valid)
+      if adapter.CONTROL in probes.names:
+        metrics["ceu_control"] = _masked_mean(row(ceu, adapter.CONTROL), valid)
 
   if cfg.lambda_noret > 0:
-    l_empty = loglik(variables, ModelInputs.of(empty_context(clean)))
+    l_empty = loglik(variables, ModelInputs.of(adapter.empty_context(clean)))
     noret = jnp.maximum(l_empty - cfg.beta0, 0.0)
     per_example = per_example + cfg.lambda_noret * noret
     metrics["noret"] = noret.mean()

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ceu_jax.engine.sites import Site
 from ceu_jax.data.types import RetrievalBatch
 from ceu_jax.train import losses
 
@@ -67,7 +68,7 @@ class TrainBatch:
   corrupt: RetrievalBatch | None = None
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation, site: str,
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, site: Site,
                     loss_cfg: losses.LossConfig, *, nan_step: int = -1,
                     state_shardings: Any = None, batch_sharding: Any = None,
                     axis_rules: Any = (), lr_schedule: optax.Schedule | None = None,

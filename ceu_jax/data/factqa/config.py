@@ -73,11 +73,6 @@ class FactQAConfig:
     return self.passage_len - 1
 
   @property
-  def target_len(self) -> int:
-    """Length of the gold answer y* (as ATRConfig.target_len)."""
-    return self.answer_len
-
-  @property
   def vocab(self):
     """The shipped tokenizer (has .size, .pad, .encode, .decode), like ATRConfig.vocab."""
     from ceu_jax.data.factqa import tokenizer  # pylint: disable=import-outside-toplevel

@@ -1,4 +1,4 @@
-"""Gold log-likelihood under teacher forcing (SPEC §1).
+"""Gold log-likelihood and correctness of answers under teacher forcing (SPEC §1).
 
 Shape legend: B batch, A answer length, V vocabulary.
 """

@@ -1,0 +1,207 @@
+"""One audited model and one Auditor: the single way from a config to CEU rows.
+
+    bundle  = audited_model(config)                    # model, site f, loglik, task
+    data    = eval_set(config)                         # THE fixed eval set of config.eval
+    auditor = Auditor(bundle, AuditSettings.of_config(config))
+    rows    = auditor.rows(variables, data)            # {corruption: {column: [n]}}
+    summary = auditor.summarize(rows)                  # {corruption: summarize_audit}
+
+Training-time evaluation (`ceu_jax.train.evaluation`), `experiments.audit`
+(`ceu_jax.audit_job`), every grid cell (`ceu_jax.grid.cell`), the bound
+measurements (`ceu_jax.theory.measure`) and `benchmarks/audit_bench.py` build
+their model, read port and rows here, so the same checkpoint on the same eval
+set gives the same rows wherever they are computed (tested).
+
+Rows (one per example; SPEC §1, §5): example_id, correct (teacher-forced EM on
+D+), has_evidence, dis_found, L_plus, L_minus, L_int_<p>, ceu_<p> (NaN where
+degenerate), delta_L, delta_<p> for the probes p of
+`ceu_jax.retrieval_adapter.PROBES` (ev, dis, control), degenerate.
+Probe spans are drawn with one key per (probe seed, corruption, example): a
+row does not depend on the batch it was computed in.
+
+Shape legend: B batch, N context tokens, K probes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+import zlib
+from typing import Any, Callable, Mapping, Optional, Protocol
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+import architectures
+from ceu_jax import engine, metrics
+from ceu_jax import retrieval_adapter as adapter
+from ceu_jax.data import evalsets, tasks
+from ceu_jax.data.types import RetrievalBatch
+from ceu_jax.likelihood import answer_correct
+
+PROBE_SALT = 0x0A0D17   # probe keys: fold_in(fold_in(PRNGKey(seed), SALT), crc32(corruption))
+Rows = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditedModel:
+  """What is audited: a retrieval model, its read port f and its task."""
+  model: nn.Module          # conventions §2: apply(v, query, context, passage_ids, answer)
+  site: engine.Site         # THE read port f (`model.read_port`)
+  approximate: bool         # Π_S at f is approximate (memory_port): flagged in results
+  task: str                 # data.task
+  data_cfg: Any             # ATRConfig | FactQAConfig of the data the model reads
+
+  @property
+  def loglik_fn(self) -> adapter.LoglikFn:
+    return adapter.loglik_fn_for(self.model)
+
+  @property
+  def task_spec(self) -> tasks.TaskSpec:
+    return tasks.get(self.task)
+
+
+def audited_model(config: Any, *, data_cfg: Any = None, model: nn.Module | None = None,
+                  site: engine.Site | None = None) -> AuditedModel:
+  """The audited model of a (validated) training config.
+
+  `data_cfg`: the data it reads (a grid's shifted test condition; default
+  config.data) — the model is built at those sizes (its position tables are
+  parameter-free). `model`/`site`: a toy model and its port instead of the
+  configured architecture (tests)."""
+  task = tasks.of_config(config.data).name
+  data_cfg = tasks.data_config(config.data) if data_cfg is None else data_cfg
+  if model is None:
+    model = architectures.build_model(
+        config.model, vocab_size=data_cfg.vocab.size, context_len=data_cfg.context_len,
+        num_passages=data_cfg.num_passages, query_len=data_cfg.query_len,
+        answer_len=data_cfg.answer_len)
+    site = architectures.read_port_site(config.model)
+    approximate = architectures.span_decomposition(config.model.family) != "exact"
+  else:
+    if site is None:
+      raise ValueError("audited_model: a custom model needs its read port `site`")
+    approximate = False
+  return AuditedModel(model=model, site=engine.as_site(site), approximate=approximate,
+                      task=task, data_cfg=data_cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditSettings:
+  """How an audit runs: batching, probe chunks, ε, probe keys, bootstrap."""
+  batch_size: int = 128        # examples per compiled call
+  chunk_size: int = 16         # probes per vmapped chunk (engine)
+  eps: float = 1e-3            # ε of the stabilised CEU (degenerate below)
+  probe_seed: int = 0          # seed of the distractor / control span draws
+  num_resamples: int = 1000    # bootstrap resamples of the summary CIs
+
+  @classmethod
+  def of_config(cls, config: Any) -> "AuditSettings":
+    e = config.eval
+    return cls(batch_size=int(e.batch_size), chunk_size=int(e.chunk_size),
+               eps=float(config.cer.eps), probe_seed=int(e.seed),
+               num_resamples=max(int(e.num_resamples), 1))
+
+
+def eval_set(config: Any, *, data_cfg: Any = None,
+             data_dir: Optional[str] = None) -> evalsets.FixedEvalSet:
+  """THE fixed evaluation set of `config.eval` (seed, num_examples, corruptions) on
+  `data_cfg` (default config.data; a grid condition shifts one knob)."""
+  e = config.eval
+  return evalsets.fixed_eval_set(
+      tasks.of_config(config.data).name,
+      tasks.data_config(config.data) if data_cfg is None else data_cfg,
+      seed=int(e.seed), num_examples=int(e.num_examples),
+      corruptions=tuple(e.corruptions), data_dir=data_dir)
+
+
+class PartStore(Protocol):
+  """Where finished batches are kept (the audit job's resumable parts on disk)."""
+  def get(self, corruption: str, index: int) -> Optional[Rows]: ...
+  def put(self, corruption: str, index: int, rows: Rows) -> None: ...
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _probes_and_correct(model, variables, clean: RetrievalBatch, corrupt: RetrievalBatch,
+                        key: jax.Array, k: int):
+  probes, dis_found = adapter.probe_set(clean, corrupt, key, k)
+  correct = answer_correct(model.apply(variables, *clean.model_inputs()), clean.answer)
+  return probes, dis_found, correct
+
+
+class Auditor:
+  """Scores an `AuditedModel` on fixed eval sets: CEU rows per corruption."""
+
+  def __init__(self, bundle: AuditedModel, settings: AuditSettings = AuditSettings(), *,
+               put: Callable[[Any], Any] | None = None):
+    """`put` places a batch on devices (e.g. sharded over the mesh's batch axes)."""
+    self.bundle = bundle
+    self.settings = settings
+    self.put = put or (lambda tree: tree)
+
+  def probe_key(self, corruption: str) -> jax.Array:
+    base = jax.random.fold_in(jax.random.PRNGKey(self.settings.probe_seed), PROBE_SALT)
+    return jax.random.fold_in(base, np.uint32(zlib.crc32(corruption.encode())))
+
+  def batch_rows(self, variables: Any, clean: RetrievalBatch, corrupt: RetrievalBatch,
+                 corruption: str) -> Rows:
+    """Rows of one batch of D+ and its D− under `corruption`."""
+    b, s = self.bundle, self.settings
+    clean, corrupt = self.put(clean), self.put(corrupt)
+    probes, dis_found, correct = _probes_and_correct(
+        b.model, variables, clean, corrupt, self.probe_key(corruption), len(adapter.PROBES))
+    res = engine.audit(b.loglik_fn, variables, clean=adapter.ModelInputs.of(clean),
+                       corrupt=adapter.ModelInputs.of(corrupt), site=b.site, probes=probes,
+                       chunk_size=s.chunk_size, eps=s.eps, allow_approximate=b.approximate)
+    rows = dict(example_id=clean.example_id, correct=correct,
+                has_evidence=clean.has_evidence, dis_found=dis_found, L_plus=res.L_plus,
+                L_minus=res.L_minus, delta_L=res.delta_L, degenerate=res.degenerate)
+    for name in adapter.PROBES:
+      rows[f"L_int_{name}"] = res.row("L_int", name)
+      rows[f"ceu_{name}"] = np.where(np.asarray(res.degenerate), np.nan,
+                                     np.asarray(res.ceu_of(name)))
+      rows[f"delta_{name}"] = res.delta_of(name)
+    return {k: np.asarray(v) for k, v in rows.items()}
+
+  def rows(self, variables: Any, data: evalsets.FixedEvalSet, *,
+           parts: PartStore | None = None, log: Callable[[str], None] | None = None
+           ) -> dict[str, Rows]:
+    """{corruption: rows} over the whole eval set, batch by batch.
+
+    `parts` keeps finished batches (resume); `log` receives progress lines."""
+    size, n = self.settings.batch_size, data.num_examples
+    out: dict[str, Rows] = {}
+    for corruption in data.corruptions:
+      got, tic = [], time.time()
+      for index, start in enumerate(range(0, n, size)):
+        batch = parts.get(corruption, index) if parts is not None else None
+        if batch is None:
+          take = lambda t: jax.tree.map(lambda x: x[start:start + size], t)
+          batch = self.batch_rows(variables, take(data.clean), take(data.corrupt[corruption]),
+                                  corruption)
+          if parts is not None:
+            parts.put(corruption, index, batch)
+        got.append(batch)
+        if log is not None:
+          done = min(start + size, n)
+          rate = done / max(time.time() - tic, 1e-9)
+          log(f"[audit] {corruption}: {done}/{n} examples audited "
+              f"({time.time() - tic:.1f}s, ETA {(n - done) / rate:.0f}s)")
+      out[corruption] = {k: np.concatenate([g[k] for g in got]) for k in got[0]}
+    return out
+
+  def summarize(self, rows: Mapping[str, Rows]) -> dict[str, dict]:
+    """`metrics.summarize_audit` per corruption: accuracy and NLL over every example,
+    CEU over the examples with evidence (and a distractor, for dis)."""
+    return {name: summarize_rows(r, eps=self.settings.eps,
+                                 num_resamples=self.settings.num_resamples)
+            for name, r in rows.items()}
+
+
+def summarize_rows(rows: Rows, *, eps: float, num_resamples: int = 1000) -> dict:
+  """The one summary of audit rows (training eval, audit job, grid)."""
+  summary = metrics.summarize_audit(
+      {k: v for k, v in rows.items() if k != "example_id"}, eps=eps,
+      num_resamples=num_resamples)
+  return summary

@@ -1,0 +1,87 @@
+"""Typed config fields that carry their own check: one definition per field.
+
+A section of the training config is a frozen dataclass whose fields are made
+with `field(default, check, doc)`; `checks(cls)` derives the validator table
+that `ceu_jax.train.config.validate` applies ("<section>.<field> <message>,
+got <value>"), and `section(cls)` builds the default ConfigDict a config file
+starts from, so defaults, documentation and validation never drift apart.
+
+A check is `check(value) -> None | str`: None when valid, else the error's
+predicate ("must be ..."), which names the allowed values or range.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+Check = Callable[[Any], "str | None"]
+
+
+def is_num(x: Any) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def is_int(x: Any) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def ge(lo: float, integer: bool = False) -> Check:
+  def check(x):
+    ok = (is_int(x) if integer else is_num(x)) and x >= lo
+    return None if ok else f"must be {'an integer' if integer else 'a number'} >= {lo}"
+  return check
+
+
+def gt(lo: float) -> Check:
+  return lambda x: None if is_num(x) and x > lo else f"must be a number > {lo}"
+
+
+def unit_open_closed(x: Any) -> str | None:
+  return None if is_num(x) and 0 < x <= 1 else "must be in (0, 1]"
+
+
+def one_of(*allowed) -> Check:
+  return lambda x: None if (x in allowed and type(x) in {type(a) for a in allowed}) \
+      else f"must be one of {allowed}"
+
+
+def any_num(x: Any) -> str | None:
+  return None if is_num(x) else "must be a number"
+
+
+def boolean(x: Any) -> str | None:
+  return None if isinstance(x, bool) else "must be a bool"
+
+
+def field(default: Any, check: Check, doc: str) -> Any:
+  """A dataclass field with its check and a one-line description."""
+  return dataclasses.field(default=default, metadata={"check": check, "doc": doc})
+
+
+def checks(cls: type) -> dict[str, Check]:
+  """{field name: check} of a dataclass made with `field`."""
+  return {f.name: f.metadata["check"] for f in dataclasses.fields(cls)}
+
+
+def docs(cls: type) -> dict[str, str]:
+  """{field name: description} of a dataclass made with `field`."""
+  return {f.name: f.metadata["doc"] for f in dataclasses.fields(cls)}
+
+
+def from_section(cls: type, section: Mapping[str, Any] | Any) -> Any:
+  """The dataclass of a config section (fields the class does not know are ignored:
+  `validate` reports them)."""
+  items = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+  names = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{k: v for k, v in items.items() if k in names})
+
+
+def section(cls: type, **overrides: Any):
+  """A ConfigDict of the dataclass's defaults (plus `overrides`)."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  values = {f.name: f.default for f in dataclasses.fields(cls)}
+  unknown = sorted(set(overrides) - set(values))
+  if unknown:
+    raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}")
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
