@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import architectures
-from ceu_jax import scores
+from ceu_jax import likelihood as scores
 from ceu_jax.readers import (ATRPrompt, ATRReader, ClosedBookOracle, CopyOracle, Generation,
                              PromptTooLongError, Reader, answers_from_batch, prompts_from_batch)
 

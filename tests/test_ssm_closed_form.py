@@ -20,7 +20,7 @@ import architectures
 from architectures import ssm
 from architectures.spec import SCAN_IMPLS, make_spec
 from ceu_jax import engine
-from ceu_jax.audit import make_loglik_fn
+from ceu_jax.retrieval_adapter import ModelInputs, loglik_fn_for as make_loglik_fn
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -227,23 +227,23 @@ def _model_and_batch(impl: str = "associative"):
   ans = jnp.asarray(r.integers(3, 40, (b, SIZES["answer_len"])), jnp.int32)
   bad = ctx.copy()
   bad[:, 5:12] = 3 + (bad[:, 5:12] + 7) % 37                     # corrupt across a boundary
-  clean = (q, jnp.asarray(ctx, jnp.int32), pid, ans)
-  corrupt = (q, jnp.asarray(bad, jnp.int32), pid, ans)
-  site, _ = architectures.read_port_sites(cfg)[-1]
-  return model, variables, clean, corrupt, engine.Site(site)
+  clean = ModelInputs(q, jnp.asarray(ctx, jnp.int32), pid, ans)
+  corrupt = ModelInputs(q, jnp.asarray(bad, jnp.int32), pid, ans)
+  return model, variables, clean, corrupt, architectures.read_port_site(cfg)
 
 
 def test_spec_identities_through_the_engine():
   """SPEC §1: D+ into D+ gives L+; S = all equals the full patch; S = ∅ gives L−."""
   model, variables, clean, corrupt, site = _model_and_batch()
   ll = make_loglik_fn(model)
-  b, n = clean[1].shape
+  b, n = clean.context.shape
   ev = jnp.zeros((b, n), bool).at[:, 5:12].set(True)
   spans = engine.Probes(span=jnp.stack([jnp.ones_like(ev), jnp.zeros_like(ev), ev, ~ev]))
 
   @jax.jit
   def run(v):
-    il = lambda c, d, p: engine.intervened_logliks(ll, v, c, d, site, p, chunk_size=2)
+    il = lambda c, d, p: engine.intervened_logliks(ll, v, clean=c, corrupt=d, site=site,
+                                                   probes=p, chunk_size=2)
     return dict(L_plus=ll(v, clean), L_minus=ll(v, corrupt),
                 self_span=il(clean, clean, spans), full=il(clean, corrupt, engine.Probes())[0],
                 span=il(clean, corrupt, spans))
@@ -291,10 +291,11 @@ def test_read_scan_is_outside_the_probe_loop(hoist):
   loop over probe chunks holds no scan: the contributions are loop-invariant."""
   model, variables, clean, corrupt, site = _model_and_batch("sequential")
   ll = make_loglik_fn(model)
-  b, n = clean[1].shape
+  b, n = clean.context.shape
   spans = jax.random.bernoulli(jax.random.PRNGKey(0), 0.3, (6, b, n))
   closed = jax.make_jaxpr(lambda v, s: engine.intervened_logliks(
-      ll, v, clean, corrupt, site, engine.Probes(span=s), chunk_size=2, hoist=hoist))(
+      ll, v, clean=clean, corrupt=corrupt, site=site, probes=engine.Probes(span=s),
+      chunk_size=2, hoist=hoist))(
           variables, spans)
   body = _probe_loop(closed.jaxpr, n_chunks=3)
   assert body is not None
@@ -321,13 +322,13 @@ def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch):
   monkeypatch.setattr(ssm, "slot_contributions", counted)
   model, variables, clean, corrupt, site = _model_and_batch()
   ll = make_loglik_fn(model)
-  b, n = clean[1].shape
+  b, n = clean.context.shape
 
   def executions(k, **kw):
     calls[0] = 0
     spans = jax.random.bernoulli(jax.random.PRNGKey(k), 0.3, (k, b, n))
-    r = engine.audit(ll, variables, clean, corrupt, site, engine.Probes(span=spans),
-                     chunk_size=2, **kw)
+    r = engine.audit(ll, variables, clean=clean, corrupt=corrupt, site=site,
+                     probes=engine.Probes(span=spans), chunk_size=2, **kw)
     jax.block_until_ready(r.L_int)
     jax.effects_barrier()
     return calls[0]
