@@ -80,10 +80,11 @@ def audited_model(config: Any, *, data_cfg: Any = None, model: nn.Module | None 
     site = architectures.read_port_site(config.model)
     approximate = architectures.span_decomposition(config.model.family) != "exact"
   else:
-    if site is None:
-      raise ValueError("audited_model: a custom model needs its read port `site`")
+    if not isinstance(site, engine.Site):
+      raise TypeError(f"audited_model: a custom model needs its read port as an "
+                      f"engine.Site, got {site!r}")
     approximate = False
-  return AuditedModel(model=model, site=engine.as_site(site), approximate=approximate,
+  return AuditedModel(model=model, site=site, approximate=approximate,
                       task=task, data_cfg=data_cfg)
 
 

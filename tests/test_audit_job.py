@@ -54,6 +54,12 @@ def test_audit_writes_rows_summary_plots_and_resumes(trained, tmp_path):
   for name in ("value_swap", "removal"):
     assert os.path.getsize(os.path.join(out, "plots", f"ceu_hist_{name}.png")) > 1000
   assert any("16/16 examples audited" in line for line in logs)
+  # What produced it: the checkpoint step audited, training completed, the eval set.
+  run = on_disk["train_run"]
+  assert run["checkpoint_step"] == config.train.num_steps and run["completed"] is True
+  assert run["warning"] is None and on_disk["config_changes"] == []
+  assert on_disk["settings"]["eval_set"]["seed"] == config.eval.seed
+  assert on_disk["settings"]["eval_set"]["num_examples"] == 16
   # A rerun reuses every finished part: the numbers are identical.
   again = audit_job.run_audit(config, workdir, data_dir=str(tmp_path), log=lambda s: None)
   assert again == summary
@@ -68,6 +74,22 @@ def test_stale_parts_from_other_params_are_discarded(trained, tmp_path):
   logs = []
   audit_job.run_audit(config, workdir, data_dir=str(tmp_path), log=logs.append)
   assert any("discarding its parts" in line for line in logs)
+
+
+def test_audit_of_a_run_stopped_early_warns_and_records_the_step(tmp_path):
+  config = micro_config()
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(config, workdir)
+  status = os.path.join(workdir, "status.json")
+  st = json.load(open(status))
+  st.update(status="preempted", step=4)
+  with open(status, "w") as f:
+    json.dump(st, f)
+  logs = []
+  summary = audit_job.run_audit(config, workdir, data_dir=str(tmp_path), log=logs.append)
+  assert summary["train_run"]["completed"] is False
+  assert "did not complete" in summary["train_run"]["warning"]
+  assert any(line.startswith("[audit] WARNING: training did not complete") for line in logs)
 
 
 def test_bad_read_port_index_is_named(trained):

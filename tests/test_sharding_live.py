@@ -44,7 +44,7 @@ PROBE = textwrap.dedent('''
       rules = sharding_lib.rules(config.sharding)
       mesh = sharding_lib.make_mesh(config.sharding)
       task = task_lib.build_task(config)
-      path, method = task.site.split(":")
+      path, method = task.site.path, task.site.method
       batch = task_lib.train_batch(task, 0, int(config.train.batch_size))
       x = batch.clean.model_inputs()
       params = architectures.init_params(task.model, jax.random.PRNGKey(0))
@@ -160,6 +160,13 @@ def test_model_parallel_training_equals_data_parallel(tmp_path):
   for key in dp:
     np.testing.assert_allclose(mp[key], dp[key], rtol=1e-5, atol=1e-5, err_msg=key)
   assert len(dp_eval) == len(mp_eval) == 1
-  for key, value in dp_eval[0].items():
-    if isinstance(value, float):
-      np.testing.assert_allclose(mp_eval[0][key], value, rtol=1e-5, atol=1e-5, err_msg=key)
+  # Eval metrics that are sums/means of log-likelihoods agree to 1e-5. The CEU means
+  # are ratios (L_int - L-)/(L+ - L-) with gaps down to eps = 1e-3, whose float32
+  # error is amplified by |L|/gap (up to ~1e4 here): they are compared through their
+  # ingredients (nll, em) and the per-step cer terms above, not as ratios.
+  compared = [k for k, v in dp_eval[0].items()
+              if isinstance(v, float) and not k.split("/")[-1].startswith("ceu_")]
+  assert "nll" in compared and "em" in compared
+  for key in compared:
+    np.testing.assert_allclose(mp_eval[0][key], dp_eval[0][key], rtol=1e-5, atol=1e-5,
+                               err_msg=key)
