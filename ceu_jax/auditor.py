@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 import zlib
 from typing import Any, Callable, Mapping, Optional, Protocol
 
@@ -34,7 +33,7 @@ import jax
 import numpy as np
 
 import architectures
-from ceu_jax import engine, metrics
+from ceu_jax import engine, metrics, progress
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.data import evalsets, tasks
 from ceu_jax.data.types import RetrievalBatch
@@ -166,15 +165,19 @@ class Auditor:
     return {k: np.asarray(v) for k, v in rows.items()}
 
   def rows(self, variables: Any, data: evalsets.FixedEvalSet, *,
-           parts: PartStore | None = None, log: Callable[[str], None] | None = None
-           ) -> dict[str, Rows]:
+           parts: PartStore | None = None, log: Callable[[str], None] | None = None,
+           log_every_s: float = 0.0) -> dict[str, Rows]:
     """{corruption: rows} over the whole eval set, batch by batch.
 
-    `parts` keeps finished batches (resume); `log` receives progress lines."""
+    `parts` keeps finished batches (resume); `log` receives progress lines (elapsed,
+    ETA): after every batch, or at most one per `log_every_s` seconds plus the last
+    batch of each corruption."""
     size, n = self.settings.batch_size, data.num_examples
     out: dict[str, Rows] = {}
-    for corruption in data.corruptions:
-      got, tic = [], time.time()
+    prog = progress.Progress(n * len(data.corruptions))
+    last_line = 0.0
+    for c_index, corruption in enumerate(data.corruptions):
+      got = []
       for index, start in enumerate(range(0, n, size)):
         batch = parts.get(corruption, index) if parts is not None else None
         if batch is None:
@@ -184,11 +187,11 @@ class Auditor:
           if parts is not None:
             parts.put(corruption, index, batch)
         got.append(batch)
-        if log is not None:
-          done = min(start + size, n)
-          rate = done / max(time.time() - tic, 1e-9)
-          log(f"[audit] {corruption}: {done}/{n} examples audited "
-              f"({time.time() - tic:.1f}s, ETA {(n - done) / rate:.0f}s)")
+        done = min(start + size, n)
+        prog.update(c_index * n + done)
+        if log is not None and (done == n or prog.elapsed() - last_line >= log_every_s):
+          last_line = prog.elapsed()
+          log(f"[audit] {corruption}: {done}/{n} examples audited ({prog.line()})")
       out[corruption] = {k: np.concatenate([g[k] for g in got]) for k in got[0]}
     return out
 

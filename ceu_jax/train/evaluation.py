@@ -17,7 +17,7 @@ together with the eval set's identity (`Evaluator.data.identity`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -44,6 +44,9 @@ def periodic_metrics(summary: dict) -> dict[str, float]:
   return out
 
 
+PROGRESS_EVERY_S = 10.0   # at most one eval progress line per this many seconds
+
+
 class Evaluator:
   """The run's fixed eval set on the mesh, scored by the `Auditor`."""
 
@@ -54,13 +57,17 @@ class Evaluator:
     self.auditor = auditor_lib.Auditor(task.audited, auditor_lib.AuditSettings.of_config(config),
                                        put=put)
 
-  def rows(self, params: Any) -> dict[str, dict[str, np.ndarray]]:
-    """Per-example audit rows {corruption: {column: [n]}}."""
-    return self.auditor.rows({"params": params}, self.data)
+  def rows(self, params: Any, log: Callable[[str], None] | None = None
+           ) -> dict[str, dict[str, np.ndarray]]:
+    """Per-example audit rows {corruption: {column: [n]}}; `log` gets progress lines
+    (at most one per PROGRESS_EVERY_S seconds, and the last of each corruption)."""
+    return self.auditor.rows({"params": params}, self.data, log=log,
+                             log_every_s=PROGRESS_EVERY_S)
 
-  def evaluate(self, params: Any) -> tuple[dict[str, float], dict]:
+  def evaluate(self, params: Any, log: Callable[[str], None] | None = None
+               ) -> tuple[dict[str, float], dict]:
     """(periodic metrics, rows)."""
-    rows = self.rows(params)
+    rows = self.rows(params, log)
     summary = self.auditor.summarize(rows)
     out = {}
     for i, name in enumerate(self.data.corruptions):

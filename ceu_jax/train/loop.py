@@ -195,7 +195,8 @@ def _train(config, workdir, model, site, fresh, allow_config_change) -> dict:
     logging.info("eval step %d: %d examples x %d corruptions (%s) ...", step,
                  int(config.eval.num_examples), len(config.eval.corruptions),
                  ", ".join(config.eval.corruptions))
-    metrics, rows = evaluator.evaluate(state.params)
+    metrics, rows = evaluator.evaluate(
+        state.params, log=lambda line: logging.info("eval step %d: %s", step, line))
     last_eval[:] = [step, rows]
     writer.write(step, "eval", metrics)
     logging.info("eval step %d: %s (%s)", step, ", ".join(
