@@ -71,26 +71,14 @@ FULL = dict(preset="p100k", batch=32, context_len=256, repeats=3, ks=",".join(ma
 
 
 @dataclasses.dataclass
-class Setup:
+class Setup(auditor.OfAuditedModel):
   """One family's audited model (`ceu_jax.auditor`), variables and inputs."""
   family: str
-  bundle: auditor.AuditedModel
+  audited: auditor.AuditedModel
   variables: Any
   clean: ModelInputs
   corrupt: ModelInputs
   span_len: int
-
-  @property
-  def loglik_fn(self) -> Callable:
-    return self.bundle.loglik_fn
-
-  @property
-  def site(self) -> engine.Site:
-    return self.bundle.site
-
-  @property
-  def approximate(self) -> bool:
-    return self.bundle.approximate
 
 
 def make_setup(family: str, preset: str, context_len: int, batch: int,

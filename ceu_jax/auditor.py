@@ -61,6 +61,32 @@ class AuditedModel:
     return tasks.get(self.task)
 
 
+class OfAuditedModel:
+  """Mixin for records that hold an `AuditedModel` as `audited`: its model, site,
+  approximate flag, data config and loglik function read through."""
+  audited: AuditedModel
+
+  @property
+  def model(self) -> nn.Module:
+    return self.audited.model
+
+  @property
+  def site(self) -> engine.Site:
+    return self.audited.site
+
+  @property
+  def approximate(self) -> bool:
+    return self.audited.approximate
+
+  @property
+  def data_cfg(self) -> Any:
+    return self.audited.data_cfg
+
+  @property
+  def loglik_fn(self) -> adapter.LoglikFn:
+    return self.audited.loglik_fn
+
+
 def audited_model(config: Any, *, data_cfg: Any = None, model: nn.Module | None = None,
                   site: engine.Site | None = None) -> AuditedModel:
   """The audited model of a (validated) training config.

@@ -26,28 +26,12 @@ from ceu_jax.theory.upper_bound import logit_margin
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainedModel:
+class TrainedModel(auditor_lib.OfAuditedModel):
   """A trained model with what the measurements need."""
   name: str
   audited: auditor_lib.AuditedModel     # model, read port f, data (ceu_jax.auditor)
   variables: dict
   settings: auditor_lib.AuditSettings   # the training config's audit settings
-
-  @property
-  def data_cfg(self) -> ATRConfig:
-    return self.audited.data_cfg
-
-  @property
-  def model(self) -> Any:
-    return self.audited.model
-
-  @property
-  def site(self) -> engine.Site:
-    return self.audited.site
-
-  @property
-  def approximate(self) -> bool:
-    return self.audited.approximate
 
 
 def load_trained(name: str, config, workdir: str) -> TrainedModel:

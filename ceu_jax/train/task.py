@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ceu_jax import engine
-from ceu_jax.auditor import AuditedModel, audited_model
+from ceu_jax.auditor import AuditedModel, OfAuditedModel, audited_model
 from ceu_jax.data import tasks
 from ceu_jax.train import losses
 from ceu_jax.train.state import TrainBatch
@@ -24,27 +24,12 @@ CORRUPT_SALT = 0x5EED_C0DE & 0x7FFFFFFF
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
-  """The audited model (model, read port f, data) plus the objective and seed."""
+class Task(OfAuditedModel):
+  """The audited model (model, read port f, data) plus the objective and seed;
+  `model`, `site`, `approximate`, `data_cfg` read through `audited`."""
   audited: AuditedModel         # ceu_jax.auditor: the same bundle every audit uses
   loss_cfg: losses.LossConfig   # the `cer` section
   seed: int                     # data / init seed
-
-  @property
-  def model(self) -> nn.Module:
-    return self.audited.model
-
-  @property
-  def site(self) -> engine.Site:
-    return self.audited.site
-
-  @property
-  def approximate(self) -> bool:
-    return self.audited.approximate
-
-  @property
-  def data_cfg(self) -> Any:
-    return self.audited.data_cfg
 
   @property
   def data(self) -> tasks.TaskSpec:
