@@ -1,0 +1,115 @@
+"""Issue #14 item 5: the families share one context prologue, one memory structure and
+one read-port base — and the refactor changed no number.
+
+Against the frozen pre-refactor models (tests/_architectures_pre14.py), at the same
+parameters: the same parameter tree (so existing checkpoints load), the same logits
+and the same h_f and Π_S h_f at every read port, to 1e-5.
+
+Shape legend: B batch, Q query length, N context length, A answer length,
+T reader positions, P ports, D port features, E embed.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import architectures
+from architectures.spec import make_spec
+from tests import _architectures_pre14 as pre14
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
+SIZES = dict(vocab_size=50, context_len=24, num_passages=3, query_len=4, answer_len=2)
+SMALL = dict(embed_dim=16, enc_mlp_dim=24, reader_mlp_dim=24, reader_heads=2, reader_layers=2,
+             enc_layers=2, read_heads=2, read_head_dim=8, ssm_inner=8, ssm_state=4,
+             mem_dim=16, mem_heads=2)
+# (family, bypass, extra overrides): every family, both fusion modes, and the options
+# that change a port's layout (memory slots per passage, SSM without passage resets).
+CASES = [("attention", False, {}), ("attention", True, {}),
+         ("ssm", False, {}), ("ssm", True, {"ssm_reset_at_passages": False}),
+         ("memory_port", False, {"mem_slots": 2}), ("memory_port", True, {})]
+
+
+def _cfg(family, bypass, extra):
+  return dict(family=family, preset="p100k", retrieval_layers="all", bypass=bypass,
+              overrides=dict(SMALL, **extra))
+
+
+def _inputs(seed, batch=3):
+  """Passages with PAD tails of random length (one passage all PAD), queries with PAD tails."""
+  r = np.random.RandomState(seed)
+  n, m, nq = SIZES["context_len"], SIZES["num_passages"], SIZES["query_len"]
+  l = n // m
+  c = r.randint(3, SIZES["vocab_size"], (batch, m, l))
+  lengths = r.randint(1, l + 1, (batch, m))
+  lengths[0, 1] = 0
+  c = np.where(np.arange(l)[None, None] < lengths[..., None], c, 0).reshape(batch, n)
+  q = r.randint(3, SIZES["vocab_size"], (batch, nq))
+  q = np.where(np.arange(nq)[None] < r.randint(1, nq + 1, (batch, 1)), q, 0)
+  pid = np.broadcast_to(np.arange(n) // l, (batch, n))
+  a = r.randint(3, SIZES["vocab_size"], (batch, SIZES["answer_len"]))
+  return tuple(jnp.asarray(x, jnp.int32) for x in (q, c, pid, a))
+
+
+def _noisy_params(model, seed):
+  """Initialised parameters plus noise (so zero-initialised weights such as FiLM matter)."""
+  params = architectures.init_params(model, jax.random.PRNGKey(seed))
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed + 100), len(leaves))
+  return jax.tree.unflatten(tree, [x + 0.1 * jax.random.normal(k, x.shape)
+                                   for x, k in zip(leaves, keys)])
+
+
+def _run(model, params, x, span):
+  """(logits, {port path: (h_f, Π_S h_f)}) of one forward pass."""
+  got = {}
+
+  def hook(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if context.method_name == "read" and "span_mask" not in kwargs:
+      got["/".join(context.module.path)] = (out, next_fun(*args, span_mask=span))
+    return out
+
+  with nn.intercept_methods(hook):
+    logits = model.apply(params, *x)
+  return logits, got
+
+
+def _shapes(model, x):
+  return jax.tree.map(lambda a: (a.shape, a.dtype), jax.eval_shape(
+      lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), *x))))
+
+
+@pytest.mark.parametrize("family,bypass,extra", CASES)
+def test_refactored_model_equals_pre_refactor_model(family, bypass, extra):
+  cfg = _cfg(family, bypass, extra)
+  new = architectures.build_model(cfg, **SIZES)
+  old = pre14.RetrievalModel(make_spec(cfg, **SIZES))
+  x = _inputs(0)
+  assert _shapes(new, x) == _shapes(old, x)           # stable names: checkpoints load
+  params = _noisy_params(new, 0)
+  span = jnp.asarray(np.random.RandomState(7).rand(*x[1].shape) < 0.5)
+  run = jax.jit(lambda model, p, x, s: _run(model, p, x, s), static_argnums=0)
+  want_logits, want = run(old, params, x, span)
+  got_logits, got = run(new, params, x, span)
+  np.testing.assert_allclose(got_logits, want_logits, atol=1e-5, rtol=1e-5, err_msg="logits")
+  sites = [s.path for s in architectures.read_port_sites(cfg)]
+  assert sorted(got) == sorted(want) == sorted(sites)
+  for path in sites:
+    for name, g, w in zip(("h_f", "Π_S h_f"), got[path], want[path]):
+      np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5, err_msg=f"{path} {name}")
+  # The comparison can fail: the span part differs from h_f, the logits from the context.
+  h, h_span = got[sites[-1]]
+  assert float(jnp.abs(h - h_span).max()) > 1e-3
+  other = (x[0], _inputs(1)[1], x[2], x[3])
+  assert float(jnp.abs(run(new, params, other, span)[0] - got_logits).max()) > 1e-4
