@@ -12,8 +12,8 @@ Encoder: the shared `ContextPrologue` (architectures/prologue.py) with the
 `PassageBlocks` layout: a passage-wise encoder (self-attention over the query
 tokens and one passage, as in Fusion-in-Decoder) encodes each [query; passage]
 block of length q + l on its own ([b m, q + l, e]: cost linear in n at fixed l).
-Write (method `write`): query-aware multi-head attention pooling writes passage m into slot (m, s), one
-softmax per head over the passage:
+Write (method `write`): query-aware multi-head attention pooling writes passage m
+into slot (m, s), one softmax per head over the passage:
   pooled[m,s,h] = Σ_{l} α[m,s,h,l] W_v^h e_{m,l},  slot = pooled + MLP(pooled).
 Read port (site `reader/block_{i}/retrieval`, method `read`), per head:
   h_f[b, t, p, h, :] = a[b, t, h, p] · W_o^{v,h} slot_p
@@ -155,13 +155,13 @@ class MemoryPortRetrieval(ReadPort):
   def pooling(self, memory: ContextMemory) -> tuple[jax.Array, jax.Array]:
     """Pooling weights α [b, m, s, h, l] (softmax over passage m) and log-partitions [b, m, s, h]."""
     m = self.spec.num_passages
-    e = to_blocks(memory.encoded.astype(jnp.float32), m)               # [b,m,l,e]
+    e = to_blocks(memory.encoded.astype(jnp.float32), m)                  # [b,m,l,e]
     q_summary = self.pool_norm(memory.query_summary)
     q = self._heads(self.pool_q(q_summary)[:, None, :] + self.slot_query[None])
     k = self._heads(self.pool_k(e))                                       # [b,m,l,h,k]
     logits = jnp.einsum("bshk,bmlhk->bmshl", q, k) / np.sqrt(k.shape[-1])
     ok = ((to_blocks(memory.passage_ids, m) == jnp.arange(m)[None, :, None])
-          & to_blocks(memory.ctx_mask, m))[:, :, None, None, :]      # [b,m,1,1,l]
+          & to_blocks(memory.ctx_mask, m))[:, :, None, None, :]           # [b,m,1,1,l]
     logits = jnp.where(ok, logits, layers.NEG_INF)                        # [b,m,s,h,l]
     lse = jax.nn.logsumexp(logits, axis=-1)
     return jax.nn.softmax(logits, axis=-1) * ok, lse
@@ -170,7 +170,8 @@ class MemoryPortRetrieval(ReadPort):
     """Slots [b, p, d]; with span_mask, slots re-encoded from the S part of pooling."""
     return self._slots(memory, self.pooling(memory)[0], span_mask)
 
-  def _slots(self, memory: ContextMemory, alpha: jax.Array, span_mask: jax.Array | None) -> jax.Array:
+  def _slots(self, memory: ContextMemory, alpha: jax.Array,
+             span_mask: jax.Array | None) -> jax.Array:
     """Slots [b, p, d] from pooling weights α [b, m, s, h, l] (restricted to S if given)."""
     m = self.spec.num_passages
     v = self._heads(self.pool_v(to_blocks(memory.encoded.astype(jnp.float32), m)))

@@ -71,7 +71,8 @@ class Reader(nn.Module):
   spec: ArchSpec  # static sizes
 
   @nn.compact
-  def __call__(self, embed: layers.Embed, query, context, answer, memory: ContextMemory) -> jax.Array:
+  def __call__(self, embed: layers.Embed, query, context, answer,
+               memory: ContextMemory) -> jax.Array:
     s = self.spec
     bos = jnp.full_like(answer[:, :1], BOS_ID)
     tokens = jnp.concatenate([query, bos, answer[:, :-1]], axis=1)

@@ -242,7 +242,7 @@ class SSMRetrieval(ReadPort):
   def gates_and_inputs(self, memory: ContextMemory) -> tuple[jax.Array, jax.Array]:
     """Gates A_j and inputs B_j x_j [b,n,c,s] of the read recurrence (query-aware)."""
     u = memory.encoded.astype(jnp.float32)
-    film = 1.0 + self.film(memory.query_summary)                       # [b,e]
+    film = 1.0 + self.film(memory.query_summary)                          # [b,e]
     sel = nn.silu(self.sel_proj(u * film[:, None, :]))                   # [b,n,c]
     a, bx = self.gates(sel, self.x_proj(u))
     if self.spec.ssm_reset_at_passages:

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 import architectures
+from architectures import model as model_lib
+from architectures import port as port_lib
 from architectures.spec import make_spec
 from tests import _architectures_pre14 as pre14
 
@@ -113,3 +115,107 @@ def test_refactored_model_equals_pre_refactor_model(family, bypass, extra):
   assert float(jnp.abs(h - h_span).max()) > 1e-3
   other = (x[0], _inputs(1)[1], x[2], x[3])
   assert float(jnp.abs(run(new, params, other, span)[0] - got_logits).max()) > 1e-4
+
+
+# The shared pieces ------------------------------------------------------------------
+
+def _memories(cfg, x):
+  """{family encoder output}: the ContextMemory the encoder hands the read port."""
+  model = architectures.build_model(cfg, **SIZES)
+  got = {}
+
+  def keep(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if context.method_name == "__call__" and context.module.name == "context_encoder":
+      got["memory"] = out
+    return out
+
+  def run():
+    params = model.init(jax.random.PRNGKey(0), *x)
+    with nn.intercept_methods(keep):
+      model.apply(params, *x)
+    return got["memory"]
+  return jax.eval_shape(run)
+
+
+@pytest.mark.parametrize("family", list(architectures.FAMILIES))
+def test_every_encoder_writes_the_same_memory_structure(family):
+  x = _inputs(0)
+  memory = _memories(_cfg(family, False, {}), x)
+  assert type(memory) is port_lib.ContextMemory
+  b, n = x[1].shape
+  e = SMALL["embed_dim"]
+  shapes = {k: (v.shape, v.dtype) for k, v in vars(memory).items()}
+  assert shapes == {"encoded": ((b, n, e), jnp.float32),
+                    "query_summary": ((b, e), jnp.float32),
+                    "passage_ids": ((b, n), jnp.int32),
+                    "ctx_mask": ((b, n), jnp.bool_)}
+
+
+@pytest.mark.parametrize("family", list(architectures.FAMILIES))
+def test_every_port_is_a_read_port(family):
+  """Every family's port inherits `read` (the span-mask check and the constraint)
+  from the base and declares how its Π_S is computed."""
+  cls = model_lib.RETRIEVALS[family]
+  assert issubclass(cls, port_lib.ReadPort)
+  assert "read" not in vars(cls) and "port_values" in vars(cls)
+  assert cls.span_decomposition in port_lib.SPAN_DECOMPOSITIONS
+  assert cls.span_decomposition == architectures.span_decomposition(family)
+
+
+class _ScalePort(port_lib.ReadPort):
+  """A toy port: h_f[b, t, p, :] = x_t * Σ_{n∈S} encoded_n (P = 1), in float32."""
+  span_decomposition = "exact"
+
+  def port_values(self, x, memory, span_mask):
+    w = jnp.ones(memory.ctx_mask.shape) if span_mask is None else span_mask.astype(jnp.float32)
+    pooled = jnp.einsum("bn,bne->be", w, memory.encoded.astype(jnp.float32))
+    return (x.astype(jnp.float32) * pooled[:, None, :])[:, :, None, :]
+
+  def setup(self):
+    self.out_proj = lambda h: 2.0 * h
+
+
+def test_read_port_base_checks_the_span_and_casts_to_the_compute_dtype():
+  spec = make_spec(dict(family="attention", preset="p100k", dtype="bfloat16",
+                        overrides=SMALL), **SIZES)
+  b, n, t, e = 2, SIZES["context_len"], 3, 4
+  r = np.random.RandomState(0)
+  memory = port_lib.ContextMemory(
+      encoded=jnp.asarray(r.normal(size=(b, n, e)), jnp.float32),
+      query_summary=jnp.zeros((b, e)), passage_ids=jnp.zeros((b, n), jnp.int32),
+      ctx_mask=jnp.ones((b, n), bool))
+  x = jnp.asarray(r.normal(size=(b, t, e)), jnp.float32)
+  port = _ScalePort(spec)
+  h = port.apply({}, x, memory, method="read")
+  assert h.shape == (b, t, 1, e) and h.dtype == jnp.bfloat16
+  want = x * memory.encoded.sum(1)[:, None, :]
+  np.testing.assert_allclose(np.asarray(h[:, :, 0], np.float32), want, rtol=1e-2, atol=1e-2)
+  span = jnp.asarray(r.rand(b, n) < 0.5)
+  parts = [port.apply({}, x, memory, s, method="read") for s in (span, ~span)]
+  np.testing.assert_allclose(np.asarray(parts[0] + parts[1], np.float32),
+                             np.asarray(h, np.float32), rtol=2e-2, atol=2e-2)
+  np.testing.assert_allclose(np.asarray(port.apply({}, x, memory), np.float32),
+                             2.0 * np.asarray(h[:, :, 0], np.float32), rtol=1e-2)
+  for bad in ((b, n + 1), (b + 1, n), (n,)):
+    with pytest.raises(ValueError, match=r"span_mask must have shape \[B, N\] = \(2, 24\)"):
+      port.apply({}, x, memory, jnp.ones(bad, bool), method="read")
+
+
+def test_read_port_base_constrains_the_activation():
+  """Under a mesh and logical rules, every family's read applies the [batch, length,
+  ports, kv] constraint (the live behaviour is tests/test_sharding_live.py)."""
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  spec = make_spec(dict(family="attention", preset="p100k", overrides=SMALL), **SIZES)
+  b, n, t, e = 2, SIZES["context_len"], 3, 4
+  memory = port_lib.ContextMemory(
+      encoded=jnp.ones((b, n, e)), query_summary=jnp.zeros((b, e)),
+      passage_ids=jnp.zeros((b, n), jnp.int32), ctx_mask=jnp.ones((b, n), bool))
+  x = jnp.ones((b, t, e))
+  read = lambda x: _ScalePort(spec).apply({}, x, memory, method="read")
+  mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+  rules = [("batch", "data"), ("length", None), ("ports", None), ("kv", None)]
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    live = str(jax.make_jaxpr(read)(x))
+  off = str(jax.make_jaxpr(read)(x))
+  assert "sharding_constraint" in live and "sharding_constraint" not in off
