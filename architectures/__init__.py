@@ -19,8 +19,8 @@ from architectures.spec import (FAMILIES, PRESETS, RETRIEVAL_LAYERS, ArchSpec, m
                                 validate_model_config)
 
 __all__ = [
-    "FAMILIES", "PRESETS", "RETRIEVAL_LAYERS", "ArchSpec", "ContextMemory", "build_model", "count_params",
-    "describe", "describe_rows", "dummy_inputs", "init_params", "make_spec", "param_table",
-    "port_mask", "read_port_site", "read_port_sites", "reference_param_count", "span_decomposition",
-    "validate_model_config",
+    "FAMILIES", "PRESETS", "RETRIEVAL_LAYERS", "ArchSpec", "ContextMemory", "build_model",
+    "count_params", "describe", "describe_rows", "dummy_inputs", "init_params", "make_spec",
+    "param_table", "port_mask", "read_port_site", "read_port_sites", "reference_param_count",
+    "span_decomposition", "validate_model_config",
 ]

@@ -19,6 +19,7 @@ import pytest
 import architectures
 from architectures import model as model_lib
 from architectures import port as port_lib
+from architectures import prologue as prologue_lib
 from architectures.spec import make_spec
 from tests import _architectures_pre14 as pre14
 
@@ -150,6 +151,16 @@ def test_every_encoder_writes_the_same_memory_structure(family):
                     "query_summary": ((b, e), jnp.float32),
                     "passage_ids": ((b, n), jnp.int32),
                     "ctx_mask": ((b, n), jnp.bool_)}
+
+
+def test_attention_and_memory_port_encoders_are_the_one_prologue():
+  layouts = {}
+  for family in architectures.FAMILIES:
+    spec = make_spec(_cfg(family, False, {}), **SIZES)
+    encoder = model_lib.context_encoder(spec, name="context_encoder")
+    if isinstance(encoder, prologue_lib.ContextPrologue):
+      layouts[family] = type(encoder.layout).__name__
+  assert layouts == {"attention": "FlatContext", "memory_port": "PassageBlocks"}
 
 
 @pytest.mark.parametrize("family", list(architectures.FAMILIES))
