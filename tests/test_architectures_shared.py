@@ -37,10 +37,12 @@ SMALL = dict(embed_dim=16, enc_mlp_dim=24, reader_mlp_dim=24, reader_heads=2, re
              enc_layers=2, read_heads=2, read_head_dim=8, ssm_inner=8, ssm_state=4,
              mem_dim=16, mem_heads=2)
 # (family, bypass, extra overrides): every family, both fusion modes, and the options
-# that change a port's layout (memory slots per passage, SSM without passage resets).
-CASES = [("attention", False, {}), ("attention", True, {}),
-         ("ssm", False, {}), ("ssm", True, {"ssm_reset_at_passages": False}),
-         ("memory_port", False, {"mem_slots": 2}), ("memory_port", True, {})]
+# that change a port's layout (memory slots per passage, SSM without passage resets);
+# one case per family by default, the rest under -m slow.
+CASES = [("attention", False, {}), ("ssm", True, {}), ("memory_port", False, {"mem_slots": 2}),
+         pytest.param("attention", True, {}, marks=pytest.mark.slow),
+         pytest.param("ssm", False, {"ssm_reset_at_passages": False}, marks=pytest.mark.slow),
+         pytest.param("memory_port", True, {}, marks=pytest.mark.slow)]
 
 
 def _cfg(family, bypass, extra):
