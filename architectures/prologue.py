@@ -65,9 +65,9 @@ class ContextPrologue(nn.Module):
     x = layers.constrain(x, CTX_AXES)
     segments = passage_ids if self.layout.passage_local_mixer else None
     x = layers.LocalMixer(s.mixer_width, dt, name="local_mixer")(x, segments)
-    q_summary = layers.masked_mean(embed(query), query != 0)                 # [b,e]
+    q_summary = layers.masked_mean(embed(query), query != 0)              # [b,e]
     x = layers.QueryFilm(dt, name="query_film")(x, q_summary)
-    seqs, mask = self.layout.pack(x, embed, query, context, passage_ids)   # [r,u,e]
+    seqs, mask = self.layout.pack(x, embed, query, context, passage_ids)  # [r,u,e]
     for i in range(s.enc_layers):
       seqs = layers.TransformerBlock(s.reader_heads, s.embed_dim // s.reader_heads,
                                      s.enc_mlp_dim, dt, name=f"block_{i}")(seqs, mask)
