@@ -220,12 +220,3 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   """Mean of x [b, l, e] over positions where mask [b, l] is set -> [b, e]."""
   w = mask.astype(jnp.float32)[..., None]
   return (x.astype(jnp.float32) * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
-
-
-def check_span_mask(span_mask: jax.Array | None, batch: int, ctx_len: int) -> None:
-  """ValueError unless span_mask is None or has shape [B, N]."""
-  if span_mask is None:
-    return
-  if tuple(span_mask.shape) != (batch, ctx_len):
-    raise ValueError(f"span_mask must have shape [B, N] = {(batch, ctx_len)} "
-                     f"(batch, context length), got {tuple(span_mask.shape)}")

@@ -8,11 +8,12 @@ Shape legend (einsum letters):
 Passage layout: passage j occupies context positions [j l, (j + 1) l) (what
 ceu_jax.data's tasks produce; a shorter passage ends in PAD tokens, which are
 masked), so the context is a [b, m, l] block of passages.
-Write (method `write`): a passage-wise encoder (self-attention over the query
+Encoder: the shared `ContextPrologue` (architectures/prologue.py) with the
+`PassageBlocks` layout: a passage-wise encoder (self-attention over the query
 tokens and one passage, as in Fusion-in-Decoder) encodes each [query; passage]
-block of length q + l on its own ([b m, q + l, e]: cost linear in n at fixed l);
-query-aware multi-head attention pooling writes passage m into slot (m, s), one
-softmax per head over the passage:
+block of length q + l on its own ([b m, q + l, e]: cost linear in n at fixed l).
+Write (method `write`): query-aware multi-head attention pooling writes passage m
+into slot (m, s), one softmax per head over the passage:
   pooled[m,s,h] = Σ_{l} α[m,s,h,l] W_v^h e_{m,l},  slot = pooled + MLP(pooled).
 Read port (site `reader/block_{i}/retrieval`, method `read`), per head:
   h_f[b, t, p, h, :] = a[b, t, h, p] · W_o^{v,h} slot_p
@@ -29,12 +30,15 @@ because of the slot MLP.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from architectures import layers
+from architectures.port import ContextMemory, ReadPort
 from architectures.spec import ArchSpec
 
 
@@ -74,39 +78,40 @@ def to_blocks(x: jax.Array, num_passages: int) -> jax.Array:
   return x.reshape(b, num_passages, passage_len(n, num_passages), *x.shape[2:])
 
 
-class PassageEncoder(nn.Module):
-  """Passage-wise self-attention encoder that also sees the query (as in Fusion-in-Decoder).
+@dataclasses.dataclass(frozen=True)
+class PassageBlocks:
+  """`ContextLayout` of the memory_port encoder: one [query; passage j] block per passage.
 
-  Each [query; passage j] block is encoded on its own: a context token attends
-  to the query tokens and its own passage, a query token only to the query, so
-  no information crosses passages: passage j's encoding depends on
-  (query, passage j) alone. Cost is m (q + l)^2, linear in n at fixed l.
+  In the shared `ContextPrologue` (architectures/prologue.py) each block is
+  encoded on its own (as in Fusion-in-Decoder): a context token attends to the
+  query tokens and its own passage, a query token only to the query, so no
+  information crosses passages: passage j's encoding depends on (query,
+  passage j) alone. Cost is m (q + l)^2, linear in n at fixed l. The local
+  mixer's taps also stay inside a passage.
   """
-  spec: ArchSpec  # static sizes
+  num_passages: int                  # m
+  passage_local_mixer: bool = True   # the local mixer never crosses a passage boundary
 
-  @nn.compact
-  def __call__(self, embed: layers.Embed, query, context, passage_ids) -> dict:
-    s = self.spec
-    (b, n), nq, m = context.shape, query.shape[1], s.num_passages
-    passage_len(n, m)                                                     # n % m == 0
-    pos = layers.sinusoid_positions(n + nq, s.embed_dim).astype(s.compute_dtype)
-    x = embed(context) + pos[None, :n]
-    x = layers.LocalMixer(s.mixer_width, s.compute_dtype, name="local_mixer")(x, passage_ids)
-    q_summary = layers.masked_mean(embed(query), query != 0)
-    x = layers.QueryFilm(s.compute_dtype, name="query_film")(x, q_summary)
-    xq = (embed(query) + pos[None, n:]).astype(x.dtype)                 # [b,q,e]
-    blocks = to_blocks(x, m)                                              # [b,m,l,e]
-    e, l = blocks.shape[-1], blocks.shape[2]
+  @classmethod
+  def of_spec(cls, spec: ArchSpec) -> "PassageBlocks":
+    return cls(spec.num_passages)
+
+  def pack(self, x, embed, query, context, passage_ids):
+    """([b m, q + l, e] blocks, mask [b m, 1, q + l, q + l]) from x [b, n, e]."""
+    (b, n, e), nq, m = x.shape, query.shape[1], self.num_passages
+    pos = layers.sinusoid_positions(n + nq, e)[None, n:].astype(x.dtype)  # after the context
+    xq = (embed(query) + pos).astype(x.dtype)                              # [b,q,e]
+    blocks = to_blocks(x, m)                                               # [b,m,l,e]
+    l = blocks.shape[2]
     xq = jnp.broadcast_to(xq[:, None], (b, m, nq, e))
-    x = jnp.concatenate([xq, blocks], axis=2).reshape(b * m, nq + l, e)  # [bm,q+l,e]
-    mask = self.block_mask(query, context, passage_ids, m)
-    for i in range(s.enc_layers):
-      x = layers.TransformerBlock(s.reader_heads, s.embed_dim // s.reader_heads,
-                                  s.enc_mlp_dim, s.compute_dtype, name=f"block_{i}")(x, mask)
-    x = x.reshape(b, m, nq + l, e)[:, :, nq:].reshape(b, n, e)
-    x = layers.RMSNorm(s.compute_dtype, name="norm_out")(x)
-    return {"encoded": layers.constrain(x, ("batch", "ctx", "embed")),
-            "query_summary": q_summary, "passage_ids": passage_ids, "ctx_mask": context != 0}
+    seqs = jnp.concatenate([xq, blocks], axis=2).reshape(b * m, nq + l, e)
+    return seqs, self.block_mask(query, context, passage_ids, m)
+
+  def unpack(self, seqs, query, context):
+    """The context part of every block, [b m, q + l, e] -> [b, n, e]."""
+    (b, n), nq = context.shape, query.shape[1]
+    e = seqs.shape[-1]
+    return seqs.reshape(b, self.num_passages, -1, e)[:, :, nq:].reshape(b, n, e)
 
   @staticmethod
   def block_mask(query, context, passage_ids, num_passages: int) -> jax.Array:
@@ -122,9 +127,8 @@ class PassageEncoder(nn.Module):
     return jnp.concatenate([q_rows, ctx_rows], axis=2).reshape(b * m, 1, nq + l, nq + l)
 
 
-class MemoryPortRetrieval(nn.Module):
+class MemoryPortRetrieval(ReadPort):
   """Query-aware multi-head slot writer + reader over r = m * s memory ports."""
-  spec: ArchSpec  # static sizes
   span_decomposition = "approximate"  # span restriction passes the slot MLP
 
   def setup(self):
@@ -148,28 +152,29 @@ class MemoryPortRetrieval(nn.Module):
     h = self.spec.mem_heads
     return x.reshape(*x.shape[:-1], h, x.shape[-1] // h)
 
-  def pooling(self, memory: dict) -> tuple[jax.Array, jax.Array]:
+  def pooling(self, memory: ContextMemory) -> tuple[jax.Array, jax.Array]:
     """Pooling weights α [b, m, s, h, l] (softmax over passage m) and log-partitions [b, m, s, h]."""
     m = self.spec.num_passages
-    e = to_blocks(memory["encoded"].astype(jnp.float32), m)               # [b,m,l,e]
-    q_summary = self.pool_norm(memory["query_summary"])
+    e = to_blocks(memory.encoded.astype(jnp.float32), m)                  # [b,m,l,e]
+    q_summary = self.pool_norm(memory.query_summary)
     q = self._heads(self.pool_q(q_summary)[:, None, :] + self.slot_query[None])
     k = self._heads(self.pool_k(e))                                       # [b,m,l,h,k]
     logits = jnp.einsum("bshk,bmlhk->bmshl", q, k) / np.sqrt(k.shape[-1])
-    ok = ((to_blocks(memory["passage_ids"], m) == jnp.arange(m)[None, :, None])
-          & to_blocks(memory["ctx_mask"], m))[:, :, None, None, :]      # [b,m,1,1,l]
+    ok = ((to_blocks(memory.passage_ids, m) == jnp.arange(m)[None, :, None])
+          & to_blocks(memory.ctx_mask, m))[:, :, None, None, :]           # [b,m,1,1,l]
     logits = jnp.where(ok, logits, layers.NEG_INF)                        # [b,m,s,h,l]
     lse = jax.nn.logsumexp(logits, axis=-1)
     return jax.nn.softmax(logits, axis=-1) * ok, lse
 
-  def write(self, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
+  def write(self, memory: ContextMemory, span_mask: jax.Array | None = None) -> jax.Array:
     """Slots [b, p, d]; with span_mask, slots re-encoded from the S part of pooling."""
     return self._slots(memory, self.pooling(memory)[0], span_mask)
 
-  def _slots(self, memory: dict, alpha: jax.Array, span_mask: jax.Array | None) -> jax.Array:
+  def _slots(self, memory: ContextMemory, alpha: jax.Array,
+             span_mask: jax.Array | None) -> jax.Array:
     """Slots [b, p, d] from pooling weights α [b, m, s, h, l] (restricted to S if given)."""
     m = self.spec.num_passages
-    v = self._heads(self.pool_v(to_blocks(memory["encoded"].astype(jnp.float32), m)))
+    v = self._heads(self.pool_v(to_blocks(memory.encoded.astype(jnp.float32), m)))
     present = jnp.ones(alpha.shape[:3], jnp.float32)                      # v [b,m,l,h,k]
     if span_mask is not None:
       alpha = alpha * to_blocks(span_mask.astype(jnp.float32), m)[:, :, None, None, :]
@@ -180,10 +185,9 @@ class MemoryPortRetrieval(nn.Module):
     b, m, s, d = slots.shape
     return slots.reshape(b, m * s, d)
 
-  def read(self, x: jax.Array, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
+  def port_values(self, x: jax.Array, memory: ContextMemory,
+                  span_mask: jax.Array | None) -> jax.Array:
     """h_f [b, t, p, d]: per-port read values weighted by the run's per-head port attention."""
-    enc = memory["encoded"]
-    layers.check_span_mask(span_mask, enc.shape[0], enc.shape[1])
     alpha, relevance = self.pooling(memory)                               # relevance [b,m,s,h]
     slots = self._slots(memory, alpha, None)
     b, m, s, h = relevance.shape
@@ -196,9 +200,4 @@ class MemoryPortRetrieval(nn.Module):
       slots = self._slots(memory, alpha, span_mask)
     v = self._heads(self.read_v(slots))                                   # [b,p,h,k]
     out = jnp.einsum("bthp,bphk->btphk", a, v)
-    out = out.reshape(*out.shape[:3], -1)                                 # [b,t,p,d]
-    return layers.constrain(out.astype(self.spec.compute_dtype),
-                            ("batch", "length", "ports", "kv"))
-
-  def __call__(self, x: jax.Array, memory: dict) -> jax.Array:
-    return self.out_proj(jnp.sum(self.read(x, memory), axis=2))
+    return out.reshape(*out.shape[:3], -1)                                # [b,t,p,d]

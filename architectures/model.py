@@ -8,10 +8,12 @@ Shape legend (einsum letters):
 logits [b, a, v]; logits[:, i] predicts answer[:, i] from the query, the context
 and answer[:, :i] (docs/conventions.md §2). Module tree:
   embed                          shared token table (tied output logits)
-  context_encoder                family-specific (attention / ssm / memory_port)
+  context_encoder                ContextPrologue (attention: flat context; memory_port:
+                                 [query; passage] blocks) or SSMEncoder (ssm); writes
+                                 the ContextMemory every read port reads
   reader/local_mixer             depthwise causal conv (gathers the query's ID and KEY)
   reader/block_{i}/self_attn     causal self-attention over the reader sequence
-  reader/block_{i}/retrieval     the read port (method `read`) at retrieval layers
+  reader/block_{i}/retrieval     the read port (a ReadPort, method `read`) at retrieval layers
   reader/block_{i}/mlp
 """
 from __future__ import annotations
@@ -21,14 +23,27 @@ import jax
 import jax.numpy as jnp
 
 from architectures import layers
-from architectures.attention import AttentionEncoder, CrossAttentionRetrieval
-from architectures.memory import MemoryPortRetrieval, PassageEncoder
+from architectures.attention import CrossAttentionRetrieval, FlatContext
+from architectures.memory import MemoryPortRetrieval, PassageBlocks
+from architectures.port import ContextMemory, ReadPort
+from architectures.prologue import ContextLayout, ContextPrologue
 from architectures.spec import BOS_ID, ArchSpec
 from architectures.ssm import SSMEncoder, SSMRetrieval
 
-ENCODERS = {"attention": AttentionEncoder, "ssm": SSMEncoder, "memory_port": PassageEncoder}
-RETRIEVALS = {"attention": CrossAttentionRetrieval, "ssm": SSMRetrieval,
-              "memory_port": MemoryPortRetrieval}
+# family -> the ContextLayout of its ContextPrologue (ssm: its own scan encoder).
+LAYOUTS: dict[str, type[ContextLayout]] = {"attention": FlatContext, "memory_port": PassageBlocks}
+# family -> class of its read port.
+RETRIEVALS: dict[str, type[ReadPort]] = {
+    "attention": CrossAttentionRetrieval, "ssm": SSMRetrieval,
+    "memory_port": MemoryPortRetrieval}
+
+
+def context_encoder(spec: ArchSpec, name: str) -> nn.Module:
+  """The family's context encoder: the shared prologue in the family's layout, or
+  the selective-scan encoder (ssm)."""
+  if spec.family in LAYOUTS:
+    return ContextPrologue(spec, LAYOUTS[spec.family].of_spec(spec), name=name)
+  return SSMEncoder(spec, name=name)
 
 
 class ReaderBlock(nn.Module):
@@ -37,7 +52,7 @@ class ReaderBlock(nn.Module):
   has_retrieval: bool   # this layer holds a read port
 
   @nn.compact
-  def __call__(self, x: jax.Array, memory: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, memory: ContextMemory) -> jax.Array:
     s, dt = self.spec, self.spec.compute_dtype
     mask = layers.causal_mask(x.shape[1])
     y = layers.RMSNorm(dt, name="norm_attn")(x)
@@ -56,7 +71,8 @@ class Reader(nn.Module):
   spec: ArchSpec  # static sizes
 
   @nn.compact
-  def __call__(self, embed: layers.Embed, query, context, answer, memory: dict) -> jax.Array:
+  def __call__(self, embed: layers.Embed, query, context, answer,
+               memory: ContextMemory) -> jax.Array:
     s = self.spec
     bos = jnp.full_like(answer[:, :1], BOS_ID)
     tokens = jnp.concatenate([query, bos, answer[:, :-1]], axis=1)
@@ -94,5 +110,5 @@ class RetrievalModel(nn.Module):
     self._check_inputs(query, context, passage_ids, answer)
     s = self.spec
     embed = layers.Embed(s.vocab_size, s.embed_dim, s.compute_dtype, name="embed")
-    memory = ENCODERS[s.family](s, name="context_encoder")(embed, query, context, passage_ids)
+    memory = context_encoder(s, name="context_encoder")(embed, query, context, passage_ids)
     return Reader(s, name="reader")(embed, query, context, answer, memory)

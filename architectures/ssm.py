@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from architectures import layers
+from architectures.port import ContextMemory, ReadPort
 from architectures.spec import ArchSpec
 
 
@@ -140,7 +141,7 @@ class SSMEncoder(nn.Module):
   spec: ArchSpec  # static sizes
 
   @nn.compact
-  def __call__(self, embed: layers.Embed, query, context, passage_ids) -> dict:
+  def __call__(self, embed: layers.Embed, query, context, passage_ids) -> ContextMemory:
     s = self.spec
     seg = self.param("segment", layers.logical(nn.initializers.normal(0.02), (None, "embed")),
                      (2, s.embed_dim))
@@ -151,9 +152,9 @@ class SSMEncoder(nn.Module):
       x = MambaBlock(s, name=f"block_{i}")(x)
     x = layers.RMSNorm(jnp.float32, name="norm_out")(x)
     q_len = query.shape[1]
-    return {"encoded": layers.constrain(x[:, q_len:], ("batch", "ctx", "embed")),
-            "query_summary": layers.masked_mean(x[:, :q_len], query != 0),
-            "passage_ids": passage_ids}
+    return ContextMemory(encoded=layers.constrain(x[:, q_len:], ("batch", "ctx", "embed")),
+                         query_summary=layers.masked_mean(x[:, :q_len], query != 0),
+                         passage_ids=passage_ids, ctx_mask=context != 0)
 
 
 def passage_starts(passage_ids: jax.Array) -> jax.Array:
@@ -224,9 +225,8 @@ def slot_contributions(a: jax.Array, bx: jax.Array, passage_ids: jax.Array,
   return SlotContributions(w * bx[:, :, None], None)
 
 
-class SSMRetrieval(nn.Module):
+class SSMRetrieval(ReadPort):
   """Read port: readout of the selective recurrence's passage-end states."""
-  spec: ArchSpec  # static sizes
   span_decomposition = "exact"  # Π_S state = masked sum of per-token contributions
 
   def setup(self):
@@ -239,35 +239,30 @@ class SSMRetrieval(nn.Module):
     self.c_proj = layers.dense(s.ssm_state, ("embed", "state"), "c_proj", jnp.float32)
     self.out_proj = layers.dense(s.embed_dim, ("mlp", "embed"), "out", s.compute_dtype)
 
-  def gates_and_inputs(self, memory: dict) -> tuple[jax.Array, jax.Array]:
+  def gates_and_inputs(self, memory: ContextMemory) -> tuple[jax.Array, jax.Array]:
     """Gates A_j and inputs B_j x_j [b,n,c,s] of the read recurrence (query-aware)."""
-    u = memory["encoded"].astype(jnp.float32)
-    film = 1.0 + self.film(memory["query_summary"])                       # [b,e]
+    u = memory.encoded.astype(jnp.float32)
+    film = 1.0 + self.film(memory.query_summary)                          # [b,e]
     sel = nn.silu(self.sel_proj(u * film[:, None, :]))                   # [b,n,c]
     a, bx = self.gates(sel, self.x_proj(u))
     if self.spec.ssm_reset_at_passages:
-      a = a * (1.0 - passage_starts(memory["passage_ids"]))[..., None, None]
+      a = a * (1.0 - passage_starts(memory.passage_ids))[..., None, None]
     return a, bx
 
-  def contributions(self, memory: dict) -> SlotContributions:
+  def contributions(self, memory: ContextMemory) -> SlotContributions:
     """Per-token contributions to the slot states (independent of any span)."""
     s = self.spec
     a, bx = self.gates_and_inputs(memory)
-    return slot_contributions(a, bx, memory["passage_ids"], s.num_passages,
+    return slot_contributions(a, bx, memory.passage_ids, s.num_passages,
                               s.ssm_reset_at_passages, s.scan_impl)
 
-  def slot_states(self, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
+  def slot_states(self, memory: ContextMemory, span_mask: jax.Array | None = None) -> jax.Array:
     """States at passage ends [b, p, c, s]; with span_mask, Π_S of them (exact)."""
     return self.contributions(memory).states(span_mask)
 
-  def read(self, x: jax.Array, memory: dict, span_mask: jax.Array | None = None) -> jax.Array:
+  def port_values(self, x: jax.Array, memory: ContextMemory,
+                  span_mask: jax.Array | None) -> jax.Array:
     """h_f [b, t, p, c] = C(x_t) · state_p; linear in the states, so Π_S is exact."""
-    enc = memory["encoded"]
-    layers.check_span_mask(span_mask, enc.shape[0], enc.shape[1])
     states = self.slot_states(memory, span_mask)
     c = self.c_proj(x.astype(jnp.float32))                                 # [b,t,s]
-    h = jnp.einsum("bts,bpcs->btpc", c, states).astype(self.spec.compute_dtype)
-    return layers.constrain(h, ("batch", "length", "ports", "kv"))
-
-  def __call__(self, x: jax.Array, memory: dict) -> jax.Array:
-    return self.out_proj(jnp.sum(self.read(x, memory), axis=2))
+    return jnp.einsum("bts,bpcs->btpc", c, states)

@@ -6,7 +6,10 @@
   and importing `ceu_jax.train` does not import matplotlib;
 - no library module imports `experiments`;
 - the pretrained package runs its audits through the engine;
-- a retrieval model is built from a config in one place (`ceu_jax.auditor`).
+- a retrieval model is built from a config in one place (`ceu_jax.auditor`), and
+  ceu_jax/, experiments/ and benchmarks/ build models only by `architectures.build_model`;
+- architectures/: the context-encoder prologue is built in one module, `read` is
+  defined once (the read-port base).
 """
 from __future__ import annotations
 
@@ -83,3 +86,72 @@ def test_one_place_builds_the_retrieval_model_from_a_config():
             and isinstance(node.func.value, ast.Name) and node.func.value.id == "architectures"):
           calls.append(str(f.relative_to(ROOT)))
   assert calls == ["ceu_jax/auditor.py"], calls
+
+
+# Architectures (issue #14 items 5 and 7) ----------------------------------------------
+
+def _called(path: pathlib.Path) -> set[str]:
+  """Names of everything a file calls (`f(...)` gives f, `a.f(...)` gives f)."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Call):
+      f = node.func
+      out.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+  return out
+
+
+def test_the_context_encoder_prologue_and_the_read_method_exist_once():
+  """One module builds the encoder prologue (its query conditioning and encoder blocks),
+  one module (model.py) instantiates it, the encoders write the one memory structure, and
+  the read-port method `read` (span-mask check, activation constraint) is defined once."""
+  where: dict[str, list[str]] = {}
+  reads = []
+  for f in _files("architectures"):
+    rel = str(f.relative_to(ROOT))
+    called = _called(f)
+    for name in ("QueryFilm", "TransformerBlock", "ContextPrologue", "ContextMemory",
+                 "check_span_mask"):
+      if name in called:
+        where.setdefault(name, []).append(rel)
+    tree = ast.parse(f.read_text())
+    reads += [rel for node in ast.walk(tree)
+              if isinstance(node, ast.FunctionDef) and node.name == "read"]
+  assert where == {"QueryFilm": ["architectures/prologue.py"],
+                   "TransformerBlock": ["architectures/prologue.py"],
+                   "ContextPrologue": ["architectures/model.py"],
+                   "ContextMemory": ["architectures/prologue.py", "architectures/ssm.py"],
+                   "check_span_mask": ["architectures/port.py"]}, where
+  assert reads == ["architectures/port.py"], reads
+
+
+def test_models_are_built_only_by_architectures_build_model():
+  """ceu_jax/, experiments/ and benchmarks/ use `architectures` only through its public
+  API, which exports no module class: `architectures.build_model` is the one
+  model-building call (in the library only the auditor makes it: the test above)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import architectures  # pylint: disable=g-import-not-at-top
+  public = set(architectures.__all__)
+  modules = [n for n in public if isinstance(getattr(architectures, n), type)
+             and issubclass(getattr(architectures, n), nn.Module)]
+  assert not modules, modules
+  bad, builders = [], set()
+  for package in ("ceu_jax", "experiments", "benchmarks"):
+    for f in _files(package):
+      rel = str(f.relative_to(ROOT))
+      for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+          bad += [f"{rel}: import {a.name}" for a in node.names
+                  if a.name.startswith("architectures.")
+                  or (a.name == "architectures" and a.asname not in (None, "architectures"))]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+            node.module == "architectures" or node.module.startswith("architectures.")):
+          bad += [f"{rel}: from {node.module} import {a.name}" for a in node.names
+                  if node.module != "architectures" or a.name not in public]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id == "architectures"):
+          if node.attr not in public:
+            bad.append(f"{rel}: architectures.{node.attr}")
+          if node.attr == "build_model":
+            builders.add(rel.split("/")[0])
+  assert not bad, bad
+  assert "ceu_jax" in builders, builders  # the scan sees the library's build_model call

@@ -1,13 +1,16 @@
 """memory_port's blocked passage encoder ([b m, q + l, e]) against the dense reference.
 
-The reference is the earlier encoder and pooling (one (q+n)^2 self-attention under
-a passage block mask; pooling over all n positions under a passage mask), built
-with the same module names, so both models share one parameter tree.
+The reference is the earlier encoder layout and pooling (one (q+n)^2 self-attention
+under a passage block mask, in the shared ContextPrologue; pooling over all n
+positions under a passage mask), built with the same module names, so both models
+share one parameter tree.
 
 Shape legend: B batch, Q query length, N context length, A answer length,
 m passages, l positions per passage (= N / m), T reader positions, P ports, D port width.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -33,19 +36,19 @@ def _fast_compile():
     yield
 
 
-class DensePassageEncoder(memory.PassageEncoder):
-  """The reference: [query; context] under a dense (q+n)^2 block mask."""
+@dataclasses.dataclass(frozen=True)
+class DensePassageLayout:
+  """The reference layout: one [query; context] sequence under a dense (q+n)^2 block mask."""
+  num_passages: int
+  passage_local_mixer: bool = True
 
-  @nn.compact
-  def __call__(self, embed, query, context, passage_ids) -> dict:
-    s = self.spec
-    n, nq = context.shape[1], query.shape[1]
-    pos = layers.sinusoid_positions(n + nq, s.embed_dim).astype(s.compute_dtype)
-    x = embed(context) + pos[None, :n]
-    x = layers.LocalMixer(s.mixer_width, s.compute_dtype, name="local_mixer")(x, passage_ids)
-    q_summary = layers.masked_mean(embed(query), query != 0)
-    x = layers.QueryFilm(s.compute_dtype, name="query_film")(x, q_summary)
-    xq = embed(query) + pos[None, n:]
+  @classmethod
+  def of_spec(cls, spec):
+    return cls(spec.num_passages)
+
+  def pack(self, x, embed, query, context, passage_ids):
+    n, nq, e = context.shape[1], query.shape[1], x.shape[-1]
+    xq = embed(query) + layers.sinusoid_positions(n + nq, e)[None, n:].astype(x.dtype)
     same = passage_ids[:, :, None] == passage_ids[:, None, :]              # [B,N,N]
     q_ok, c_ok = query != 0, context != 0
     ctx_rows = jnp.concatenate([jnp.broadcast_to(q_ok[:, None, :], same.shape[:2] + (nq,)),
@@ -53,32 +56,30 @@ class DensePassageEncoder(memory.PassageEncoder):
     q_rows = jnp.concatenate([jnp.broadcast_to(q_ok[:, None, :], q_ok.shape + (nq,)),
                               jnp.zeros(q_ok.shape + (n,), bool)], axis=2)
     mask = jnp.concatenate([q_rows, ctx_rows], axis=1)[:, None]           # [B,1,Q+N,Q+N]
-    x = jnp.concatenate([xq.astype(x.dtype), x], axis=1)
-    for i in range(s.enc_layers):
-      x = layers.TransformerBlock(s.reader_heads, s.embed_dim // s.reader_heads,
-                                  s.enc_mlp_dim, s.compute_dtype, name=f"block_{i}")(x, mask)
-    x = layers.RMSNorm(s.compute_dtype, name="norm_out")(x[:, nq:])
-    return {"encoded": x, "query_summary": q_summary, "passage_ids": passage_ids,
-            "ctx_mask": context != 0}
+    return jnp.concatenate([xq.astype(x.dtype), x], axis=1), mask
+
+  def unpack(self, seqs, query, context):
+    del context
+    return seqs[:, query.shape[1]:]
 
 
 class DenseMemoryPortRetrieval(memory.MemoryPortRetrieval):
   """The reference pooling: softmax over all N positions under a passage mask."""
 
-  def pooling(self, memory_: dict):
-    e = memory_["encoded"].astype(jnp.float32)
-    q = self._heads(self.pool_q(self.pool_norm(memory_["query_summary"]))[:, None, :]
+  def pooling(self, memory_):
+    e = memory_.encoded.astype(jnp.float32)
+    q = self._heads(self.pool_q(self.pool_norm(memory_.query_summary))[:, None, :]
                     + self.slot_query[None])
     k = self._heads(self.pool_k(e))                                       # [B,N,h,k]
     logits = jnp.einsum("bshk,bnhk->bshn", q, k) / np.sqrt(k.shape[-1])
-    in_passage = (memory_["passage_ids"][:, None, :]
+    in_passage = (memory_.passage_ids[:, None, :]
                   == jnp.arange(self.spec.num_passages)[None, :, None])
-    ok = (in_passage & memory_["ctx_mask"][:, None, :])[:, :, None, None, :]
+    ok = (in_passage & memory_.ctx_mask[:, None, :])[:, :, None, None, :]
     logits = jnp.where(ok, logits[:, None], layers.NEG_INF)              # [B,m,s,h,N]
     return jax.nn.softmax(logits, axis=-1) * ok, jax.nn.logsumexp(logits, axis=-1)
 
   def _slots(self, memory_, alpha, span_mask):
-    v = self._heads(self.pool_v(memory_["encoded"].astype(jnp.float32)))  # [B,N,h,k]
+    v = self._heads(self.pool_v(memory_.encoded.astype(jnp.float32)))  # [B,N,h,k]
     present = jnp.ones(alpha.shape[:3], jnp.float32)
     if span_mask is not None:
       alpha = alpha * span_mask.astype(jnp.float32)[:, None, None, None, :]
@@ -132,7 +133,7 @@ def _run(model, params, x, span_mask):
       busy.append(True)  # the extra read/write calls below pass through
       path = "/".join(context.module.path)
       got[path] = dict(h=out, h_span=context.module.read(*args, span_mask=span_mask),
-                       slots=context.module.write(args[1]), encoded=args[1]["encoded"])
+                       slots=context.module.write(args[1]), encoded=args[1].encoded)
       busy.pop()
     return out
 
@@ -150,13 +151,13 @@ def runs():
 
   def dense(params, x, span_mask):
     """RetrievalModel with the reference modules swapped in (same parameter tree)."""
-    enc, ret = model_lib.ENCODERS["memory_port"], model_lib.RETRIEVALS["memory_port"]
-    model_lib.ENCODERS["memory_port"] = DensePassageEncoder
+    enc, ret = model_lib.LAYOUTS["memory_port"], model_lib.RETRIEVALS["memory_port"]
+    model_lib.LAYOUTS["memory_port"] = DensePassageLayout
     model_lib.RETRIEVALS["memory_port"] = DenseMemoryPortRetrieval
     try:
       return dense_jit(params, x, span_mask)
     finally:
-      model_lib.ENCODERS["memory_port"], model_lib.RETRIEVALS["memory_port"] = enc, ret
+      model_lib.LAYOUTS["memory_port"], model_lib.RETRIEVALS["memory_port"] = enc, ret
   return model, blocked, dense
 
 
@@ -185,20 +186,20 @@ def test_parameter_tree_unchanged():
   model = _model()
   shapes = jax.tree.map(lambda a: a.shape, jax.eval_shape(
       lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), *_inputs(0)))))
-  enc = model_lib.ENCODERS["memory_port"]
-  model_lib.ENCODERS["memory_port"] = DensePassageEncoder
+  enc = model_lib.LAYOUTS["memory_port"]
+  model_lib.LAYOUTS["memory_port"] = DensePassageLayout
   try:
     ref = jax.tree.map(lambda a: a.shape, jax.eval_shape(
         lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), *_inputs(0)))))
   finally:
-    model_lib.ENCODERS["memory_port"] = enc
+    model_lib.LAYOUTS["memory_port"] = enc
   assert shapes == ref
 
 
 def test_block_mask_shape_and_isolation():
   """Unit: one [query; passage] block per (example, passage); no cross-passage entries."""
   q, c, pid, _ = _inputs(3, batch=2)
-  mask = memory.PassageEncoder.block_mask(q, c, pid, SIZES["num_passages"])
+  mask = memory.PassageBlocks.block_mask(q, c, pid, SIZES["num_passages"])
   l, nq = SIZES["context_len"] // SIZES["num_passages"], SIZES["query_len"]
   assert mask.shape == (2 * SIZES["num_passages"], 1, nq + l, nq + l)
   assert not bool(mask[:, :, :nq, nq:].any())            # query rows never see a passage

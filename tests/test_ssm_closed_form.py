@@ -18,6 +18,7 @@ import pytest
 
 import architectures
 from architectures import ssm
+from architectures.port import ContextMemory
 from architectures.spec import SCAN_IMPLS, make_spec
 from ceu_jax import engine
 from ceu_jax.retrieval_adapter import ModelInputs, loglik_fn_for as make_loglik_fn
@@ -177,9 +178,10 @@ def _port(reset: bool = True, impl: str = "associative"):
   port = ssm.SSMRetrieval(spec)
   r = np.random.default_rng(0)
   b, n, t = 2, SIZES["context_len"], 5
-  memory = {"encoded": jnp.asarray(r.normal(size=(b, n, 16)), jnp.float32),
-            "query_summary": jnp.asarray(r.normal(size=(b, 16)), jnp.float32),
-            "passage_ids": jnp.asarray(_layout("ragged", b, n, 3, seed=2), jnp.int32)}
+  pid = jnp.asarray(_layout("ragged", b, n, 3, seed=2), jnp.int32)
+  memory = ContextMemory(encoded=jnp.asarray(r.normal(size=(b, n, 16)), jnp.float32),
+                         query_summary=jnp.asarray(r.normal(size=(b, 16)), jnp.float32),
+                         passage_ids=pid, ctx_mask=jnp.ones((b, n), bool))
   x = jnp.asarray(r.normal(size=(b, t, 16)), jnp.float32)
   variables = port.init(jax.random.PRNGKey(1), x, memory)
   # Non-zero FiLM so that the query path is exercised too.
@@ -190,8 +192,8 @@ def _port(reset: bool = True, impl: str = "associative"):
 @pytest.mark.parametrize("reset", [True, False])
 def test_port_read_equals_masked_rescan(reset):
   port, variables, x, memory = _port(reset)
-  b, n = memory["passage_ids"].shape
-  spans = _spans(jax.random.PRNGKey(3), b, n, np.asarray(memory["passage_ids"]))
+  b, n = memory.passage_ids.shape
+  spans = _spans(jax.random.PRNGKey(3), b, n, np.asarray(memory.passage_ids))
 
   @jax.jit
   def run(variables, x, memory, spans):
@@ -201,7 +203,7 @@ def test_port_read_equals_masked_rescan(reset):
     for name, span in list(spans.items()) + [("none", None)]:
       out[name] = (port.apply(variables, x, memory, span, method="read"),
                    [jnp.einsum("bts,bpcs->btpc", c, masked_rescan_states(
-                       a, bx, memory["passage_ids"], 3, span, impl)) for impl in SCAN_IMPLS])
+                       a, bx, memory.passage_ids, 3, span, impl)) for impl in SCAN_IMPLS])
     return out
 
   for name, (got, refs) in run(variables, x, memory, spans).items():
