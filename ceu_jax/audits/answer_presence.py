@@ -218,8 +218,12 @@ def run_audit(reader, records: Sequence[Record], *, sentinel: str = DEFAULT_SENT
   if identity:
     rows += [dict(id=r.id, bucket=bucket(r), edit='identity', context=r.context,
                   placebo_spans=None, appended=False) for r in records]
-  f = answer_f1(reader, [by_id[x['id']][0] for x in rows], [x['context'] for x in rows],
-                **score_kwargs) if rows else []
+  # One reader call per edit: item ids stay unique within a call (Reader contract).
+  f = np.zeros((len(rows),), np.float64)
+  for e in {x['edit'] for x in rows}:
+    at = [k for k, x in enumerate(rows) if x['edit'] == e]
+    f[at] = answer_f1(reader, [by_id[rows[k]['id']][0] for k in at],
+                      [rows[k]['context'] for k in at], **score_kwargs)
   out = []
   for x, fe in zip(rows, f):
     fo = float(by_id[x['id']][1])
