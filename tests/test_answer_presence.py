@@ -196,3 +196,12 @@ def test_bad_input_is_counted_never_silent():
   assert v.skipped == collections.Counter(gold_too_short=2, empty_context=1,
                                           cannot_hold_insert=1)
   assert v.skipped_ids['cannot_hold_insert'] == ['long']
+
+
+def test_audit_package_never_imports_architectures():
+  import subprocess
+  import sys
+  code = ('import sys, ceu_jax.audits.answer_presence, ceu_jax.audits.sentinels, ceu_jax.audits.job;'
+          'print(sorted(m for m in sys.modules if m.split(".")[0] == "architectures"))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == '[]'
