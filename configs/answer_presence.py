@@ -30,5 +30,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sentinel = '[MASK]'                # sentinel of remove / placebo in the main table
   c.max_new_tokens = 16                # reader's greedy budget
   c.max_context_chars = 4000           # a context that cannot hold an insert within this is skipped (0: no limit)
+  c.plots = True                       # write effects.png/pdf and panel.png/pdf
   c.bootstrap_seed = 42                # percentile bootstrap seed (SPEC §8)
   return c

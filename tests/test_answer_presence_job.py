@@ -52,4 +52,5 @@ def test_cli_tiny(tmp_path):
   assert p.returncode == 0, p.stderr
   assert 'C2a PASS (4/4), C2b PASS' in p.stdout
   assert sorted(f for f in os.listdir(tmp_path) if f != 'chunks') == [
-      'report.md', 'rows.csv', 'summary.json']
+      'effects.pdf', 'effects.png', 'panel.pdf', 'panel.png', 'report.md', 'rows.csv',
+      'summary.json']

@@ -7,7 +7,8 @@ absent, in a raw and a compiled context) — exact ground truth for the
 pipeline; readers are the oracles of `ceu_jax.readers.oracles` ('copy': uses
 its evidence; 'closed_book': ignores it). Work is done in chunks of records
 saved under W/chunks (atomically); a rerun skips finished chunks (resumable).
-Outputs are written atomically (ceu_jax.io).
+Outputs (rows.csv, summary.json, report.md, effects.png/pdf, panel.png/pdf)
+are written atomically (ceu_jax.io).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from absl import logging
 
 from ceu_jax import io
 from ceu_jax.audits import answer_presence as ap
+from ceu_jax.audits import plots
 from ceu_jax.audits import sentinels as sp
 from ceu_jax.progress import Progress
 from ceu_jax.readers.oracles import ClosedBookOracle, CopyOracle, question_of
@@ -146,6 +148,12 @@ def run_answer_presence(config, workdir: str) -> dict:
   w.writeheader()
   w.writerows({c: x[c] for c in cols} for x in rows)
   io.write_text_atomic(os.path.join(workdir, 'rows.csv'), buf.getvalue())
+  if config.plots:
+    plots.effects_figure(summary['effects'], os.path.join(workdir, 'effects'))
+    report += ['', '![effects](effects.png)']
+    if 'panel' in summary:
+      plots.panel_figure(summary['panel'], summary['verdicts']['text'], os.path.join(workdir, 'panel'))
+      report += ['', '![sentinel panel](panel.png)']
   io.write_json_atomic(os.path.join(workdir, 'summary.json'), json.loads(json.dumps(summary)))
   io.write_text_atomic(os.path.join(workdir, 'report.md'), '\n'.join(report) + '\n')
   return summary
