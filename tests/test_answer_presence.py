@@ -205,3 +205,12 @@ def test_audit_package_never_imports_architectures():
           'print(sorted(m for m in sys.modules if m.split(".")[0] == "architectures"))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == '[]'
+
+
+def test_remove_residual_is_flagged():
+  r = ap.Record('m', 'q', ('mask',), 'a mask here. more words follow here.')
+  rows = {x['edit']: x for x in ap.edit_rows([r])}
+  assert rows['remove']['context'] == 'a [MASK] here. more words follow here.'
+  assert rows['remove']['residual'] and not rows['placebo']['residual']
+  ok = ap.Record('k', 'q', ('gold',), 'a gold here. more words follow here.')
+  assert not {x['edit']: x for x in ap.edit_rows([ok])}['remove']['residual']

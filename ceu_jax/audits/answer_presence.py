@@ -119,7 +119,12 @@ def _replace(text: str, spans: Sequence[tuple[int, int]], sentinel: str) -> str:
 
 
 def remove(text: str, golds: Sequence[str], sentinel: str = DEFAULT_SENTINEL) -> str:
-  """Every gold occurrence → one sentinel."""
+  """Every gold occurrence → one sentinel.
+
+  The result can still contain a gold when the sentinel spells it or forms it
+  with a neighbour (gold 'mask', sentinel '[MASK]'); `edit_rows` flags such rows
+  (`residual`) so they are counted, never hidden.
+  """
   return _replace(text, occurrences(text, golds), sentinel)
 
 
@@ -189,19 +194,20 @@ def edit_rows(records: Sequence[Record], sentinel: str = DEFAULT_SENTINEL) -> li
   for r in records:
     b = bucket(r)
     if present(r.context, r.golds):
-      rows.append(dict(id=r.id, bucket=b, edit='remove', context=remove(r.context, r.golds, sentinel),
-                       placebo_spans=None, appended=False))
+      txt = remove(r.context, r.golds, sentinel)
+      rows.append(dict(id=r.id, bucket=b, edit='remove', context=txt, placebo_spans=None,
+                       appended=False, residual=present(txt, r.golds)))
       txt, k = placebo(r.context, r.golds, r.id, sentinel)
       if k:
         rows.append(dict(id=r.id, bucket=b, edit='placebo', context=txt, placebo_spans=k,
-                         appended=False))
+                         appended=False, residual=False))
     else:
       rows.append(dict(id=r.id, bucket=b, edit='insert_prepend',
                        context=insert_prepend(r.context, r.golds[0]), placebo_spans=None,
-                       appended=False))
+                       appended=False, residual=False))
       txt, flag = insert_mid(r.context, r.golds[0])
       rows.append(dict(id=r.id, bucket=b, edit='insert_mid', context=txt, placebo_spans=None,
-                       appended=flag))
+                       appended=flag, residual=False))
   return rows
 
 
@@ -210,14 +216,14 @@ def run_audit(reader, records: Sequence[Record], *, sentinel: str = DEFAULT_SENT
   """Score every record unedited and under every applicable edit.
 
   Returns rows {id, bucket, edit, f1_orig, f1_edit, delta, placebo_spans,
-  appended}; edit 'identity' (re-run on the unchanged context) when identity.
+  appended, residual}; edit 'identity' (re-run on the unchanged context) when identity.
   """
   base = answer_f1(reader, records, [r.context for r in records], **score_kwargs)
   by_id = {r.id: (r, f) for r, f in zip(records, base)}
   rows = edit_rows(records, sentinel)
   if identity:
     rows += [dict(id=r.id, bucket=bucket(r), edit='identity', context=r.context,
-                  placebo_spans=None, appended=False) for r in records]
+                  placebo_spans=None, appended=False, residual=False) for r in records]
   # One reader call per edit: item ids stay unique within a call (Reader contract).
   f = np.zeros((len(rows),), np.float64)
   for e in {x['edit'] for x in rows}:

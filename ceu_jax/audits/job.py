@@ -124,7 +124,8 @@ def run_answer_presence(config, workdir: str) -> dict:
       effects=[dict(edit=x['edit'], bucket=x['bucket'], n=x['n'], f1=x['f1'].to_dict(),
                     delta=x['delta'].to_dict()) for x in eff],
       delta_causal=causal.to_dict(),
-      appended_insert_mid=sum(1 for x in rows if x['edit'] == 'insert_mid' and x['appended']))
+      appended_insert_mid=sum(1 for x in rows if x['edit'] == 'insert_mid' and x['appended']),
+      remove_residual=sum(1 for x in rows if x['edit'] == 'remove' and x['residual']))
   report = ['# Answer-presence audit', '',
             f"world {config.world}, reader {config.reader}: {len(v.kept)} of {len(records)} "
             f"records kept; skipped {dict(v.skipped) or 'none'}", '',
@@ -143,7 +144,8 @@ def run_answer_presence(config, workdir: str) -> dict:
     report += ['', '## Sentinel panel (compiled context holds the gold)', '',
                sp.panel_table(prow, verdicts)]
   buf = _io.StringIO()
-  cols = ['id', 'bucket', 'edit', 'f1_orig', 'f1_edit', 'delta', 'placebo_spans', 'appended']
+  cols = ['id', 'bucket', 'edit', 'f1_orig', 'f1_edit', 'delta', 'placebo_spans', 'appended',
+          'residual']
   w = csv.DictWriter(buf, fieldnames=cols)
   w.writeheader()
   w.writerows({c: x[c] for c in cols} for x in rows)
