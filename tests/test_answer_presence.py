@@ -214,3 +214,11 @@ def test_remove_residual_is_flagged():
   assert rows['remove']['residual'] and not rows['placebo']['residual']
   ok = ap.Record('k', 'q', ('gold',), 'a gold here. more words follow here.')
   assert not {x['edit']: x for x in ap.edit_rows([ok])}['remove']['residual']
+
+
+def test_panel_needs_records_and_placebo_without_room_is_absent():
+  with pytest.raises(ValueError, match='at least one record'):
+    sp.panel({c: np.zeros(0) for c in ('B1', 'B2', *sp.SENTINELS, 'PLACEBO')})
+  r = ap.Record('x', 'q', ('gold',), 'gold gold')  # no non-answer word to mask
+  edits = [x['edit'] for x in ap.edit_rows([r])]
+  assert edits == ['remove']

@@ -125,7 +125,10 @@ def run_answer_presence(config, workdir: str) -> dict:
                     delta=x['delta'].to_dict()) for x in eff],
       delta_causal=causal.to_dict(),
       appended_insert_mid=sum(1 for x in rows if x['edit'] == 'insert_mid' and x['appended']),
-      remove_residual=sum(1 for x in rows if x['edit'] == 'remove' and x['residual']))
+      remove_residual=sum(1 for x in rows if x['edit'] == 'remove' and x['residual']),
+      # rows with a remove but no placebo (no room for a non-answer span): out of Δcausal
+      placebo_missing=(sum(x['edit'] == 'remove' for x in rows)
+                       - sum(x['edit'] == 'placebo' for x in rows)))
   report = ['# Answer-presence audit', '',
             f"world {config.world}, reader {config.reader}: {len(v.kept)} of {len(records)} "
             f"records kept; skipped {dict(v.skipped) or 'none'}", '',

@@ -94,15 +94,14 @@ def panel_f1(reader, records: Sequence[ap.Record], **score_kwargs) -> dict:
 def panel(f1: Mapping[str, np.ndarray], *, seed: int = ap.CI_SEED) -> tuple[list[dict], Verdicts]:
   """Panel rows (condition, F1 CI, paired Δ vs B1 — PLACEBO vs B2) and the verdicts."""
   rows = []
+  if len(f1['B2']) == 0:
+    raise ValueError('the sentinel panel needs at least one record with the gold in its compiled context')
   for c in ('B1', 'B2', *SENTINELS, 'PLACEBO'):
     ref = 'B2' if c == 'PLACEBO' else 'B1'
     rows.append(dict(condition=c, f1=mean_ci(f1[c], seed=seed), vs=ref,
                      delta=None if c == 'B1' else paired_difference_ci(f1[c], f1[ref], seed=seed)))
-  n = len(f1['B2'])
-  E = float(np.mean(f1['[MASK]'] - f1['B2'])) if n else 0.0
+  E = float(np.mean(np.asarray(f1['[MASK]']) - np.asarray(f1['B2'])))
   d = {s: paired_difference_ci(f1[s], f1['[MASK]'], seed=seed) for s in ALTERNATIVES}
-  if n == 0:
-    raise ValueError('the sentinel panel needs at least one record with the gold in its compiled context')
   return rows, decide(E, d, paired_difference_ci(f1['B2'], f1['PLACEBO'], seed=seed))
 
 
