@@ -222,3 +222,12 @@ def test_panel_needs_records_and_placebo_without_room_is_absent():
   r = ap.Record('x', 'q', ('gold',), 'gold gold')  # no non-answer word to mask
   edits = [x['edit'] for x in ap.edit_rows([r])]
   assert edits == ['remove']
+
+
+def test_presence_substring_vs_normalized():
+  g = ('The Beatles',)
+  assert ap.present('songs by the beatles.', g) and ap.present_normalized('songs by the beatles.', g)
+  assert not ap.present('songs by Beatles!', g) and ap.present_normalized('songs by Beatles!', g)
+  assert ap.present('often', ('ten',)) and not ap.present_normalized('often', ('ten',))
+  r = ap.Record('b', 'q', g, 'by Beatles.', raw_context='by the Beatles.')
+  assert ap.bucket(r) == '1→0' and ap.bucket_normalized(r) == '1→1'

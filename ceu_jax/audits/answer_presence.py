@@ -26,7 +26,7 @@ from typing import Callable, Hashable, Mapping, Optional, Sequence
 import numpy as np
 
 from ceu_jax.metrics.resampling import Aggregate, mean_ci, paired_difference_ci
-from ceu_jax.metrics.text import token_f1
+from ceu_jax.metrics.text import normalize_answer, token_f1
 
 PLACEBO_SEED = 1729  # SPEC §8.1: placebo rng = (1729, crc32(id))
 CI_SEED = 42  # SPEC §8: bootstrap seed
@@ -101,6 +101,15 @@ def occurrences(text: str, golds: Sequence[str]) -> list[tuple[int, int]]:
 def present(text: Optional[str], golds: Sequence[str]) -> bool:
   """SPEC §8.1 present(): some gold is a case-insensitive substring of text."""
   return text is not None and any(g and g.lower() in text.lower() for g in golds)
+
+
+def present_normalized(text: Optional[str], golds: Sequence[str]) -> bool:
+  """Companion presence after SQuAD normalisation (lower, no punctuation, no articles),
+  as whole normalised words; reported beside present(), which drives the edits."""
+  if text is None:
+    return False
+  t = f' {normalize_answer(text)} '
+  return any(normalize_answer(g) and f' {normalize_answer(g)} ' in t for g in golds)
 
 
 def bucket(record: Record) -> str:
@@ -282,7 +291,14 @@ def effects_table(effect_rows: Sequence[dict], causal: Optional[Aggregate] = Non
   return '\n'.join(lines)
 
 
-def bucket_counts(records: Sequence[Record]) -> dict:
+def bucket_normalized(record: Record) -> str:
+  """bucket() with present_normalized()."""
+  raw = record.raw_context if record.raw_context is not None else record.context
+  return (f'{int(present_normalized(raw, record.golds))}→'
+          f'{int(present_normalized(record.context, record.golds))}')
+
+
+def bucket_counts(records: Sequence[Record], normalized: bool = False) -> dict:
   """Rows per bucket (every record lands in exactly one)."""
-  c = collections.Counter(bucket(r) for r in records)
+  c = collections.Counter((bucket_normalized if normalized else bucket)(r) for r in records)
   return {b: c.get(b, 0) for b in BUCKETS}

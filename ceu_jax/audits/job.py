@@ -121,6 +121,7 @@ def run_answer_presence(config, workdir: str) -> dict:
       config=config.to_dict(), n_records=len(records), n_kept=len(v.kept),
       skipped=dict(v.skipped), skipped_ids={k: [str(i) for i in x] for k, x in v.skipped_ids.items()},
       buckets=ap.bucket_counts(v.kept),
+      buckets_normalized=ap.bucket_counts(v.kept, normalized=True),  # companion presence
       effects=[dict(edit=x['edit'], bucket=x['bucket'], n=x['n'], f1=x['f1'].to_dict(),
                     delta=x['delta'].to_dict()) for x in eff],
       delta_causal=causal.to_dict(),
@@ -132,7 +133,8 @@ def run_answer_presence(config, workdir: str) -> dict:
   report = ['# Answer-presence audit', '',
             f"world {config.world}, reader {config.reader}: {len(v.kept)} of {len(records)} "
             f"records kept; skipped {dict(v.skipped) or 'none'}", '',
-            f"buckets: {summary['buckets']}", '', ap.effects_table(eff, causal)]
+            f"buckets: {summary['buckets']} (SQuAD-normalised word match: "
+            f"{summary['buckets_normalized']})", '', ap.effects_table(eff, causal)]
   panels = [p['panel'] for p in parts if p['panel']]
   if panels:
     f1 = {c: np.concatenate([np.asarray(p[c], np.float64) for p in panels])
