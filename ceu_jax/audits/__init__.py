@@ -1,0 +1,1 @@
+"""Behavioural audits of generating readers (SPEC §8)."""
