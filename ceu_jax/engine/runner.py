@@ -319,14 +319,42 @@ def audit(loglik_fn: LoglikFn, variables: Any, *, clean: Any, corrupt: Any,
     `chunking.choose` rule). ``paired``: one run on [D+; D−] per probe
     (sites inside nn.remat / nn.scan).
   - ``batch_sharding``: split the batch over a device mesh, e.g.
-    ``NamedSharding(mesh, P('data'))`` (`ceu_jax.engine.placement`): inputs and
-    probe masks split along B, variables replicated unless already on the mesh,
+    ``NamedSharding(mesh, P('data'))`` (`ceu_jax.engine.placement`): inputs
+    and probe masks split along B, variables replicated unless already on it,
     results replicated (readable on every process); probe chunks then bound
     the memory of each device, which holds B / shards examples.
   The compiled function is cached on (loglik_fn, site, static options) and
   probe names: keep ``loglik_fn`` the same object across calls (not a fresh
   lambda) to avoid recompiling. Differentiable (``ceu_unclipped``).
   """
+  args, kwargs = _audit_args(loglik_fn, variables, clean, corrupt, site,
+                             probes, eps, chunk_size, allow_approximate, hoist,
+                             paired, per_token, batch_sharding)
+  return _audit_jit(*args, **kwargs)
+
+
+def audit_lowered(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
+                  corrupt: Any, site: Site, probes: Optional[Probes] = None,
+                  chunk_size: ChunkSize = AUTO,
+                  eps: float = scores.DEFAULT_EPS,
+                  allow_approximate: bool = False, hoist: bool = True,
+                  paired: bool = False, per_token: Optional[bool] = None,
+                  batch_sharding: Optional[jax.sharding.NamedSharding] = None
+                  ) -> jax.stages.Lowered:
+  """The program `audit` would run, lowered but not run:
+  ``.compile().memory_analysis()`` gives its bytes per device (temporaries,
+  arguments, outputs) for a chunk size and mesh before committing to an
+  audit; ``.cost_analysis()`` its FLOPs."""
+  args, kwargs = _audit_args(loglik_fn, variables, clean, corrupt, site,
+                             probes, eps, chunk_size, allow_approximate, hoist,
+                             paired, per_token, batch_sharding)
+  return _audit_jit.lower(*args, **kwargs)
+
+
+def _audit_args(loglik_fn, variables, clean, corrupt, site, probes, eps,
+                chunk_size, allow_approximate, hoist, paired, per_token,
+                batch_sharding):
+  """Checked, placed arguments of `_audit_jit`."""
   site = check_site(site)
   probes = Probes(names=(FULL,)) if probes is None else probes.validate()
   if chunk_size != AUTO:
@@ -340,11 +368,10 @@ def audit(loglik_fn: LoglikFn, variables: Any, *, clean: Any, corrupt: Any,
     corrupt = placement.place_batch(corrupt, batch_sharding, "corrupt")
     probes = placement.place_probes(probes, batch_sharding)
     variables = placement.place_variables(variables, batch_sharding)
-  return _audit_jit(
-      loglik_fn, site, variables, clean, corrupt, probes, eps,
-      chunk_size=chunk_size, allow_approximate=allow_approximate, hoist=hoist,
-      paired=paired, per_token=per_token, batch_shards=shards,
-      out_sharding=out_sharding)
+  return ((loglik_fn, site, variables, clean, corrupt, probes, eps),
+          dict(chunk_size=chunk_size, allow_approximate=allow_approximate,
+               hoist=hoist, paired=paired, per_token=per_token,
+               batch_shards=shards, out_sharding=out_sharding))
 
 
 @flax.struct.dataclass

@@ -100,6 +100,14 @@ def state_layout(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, mesh: M
   return abstract, shardings
 
 
+def param_shardings(model: nn.Module, dummy_inputs: tuple, mesh: Mesh,
+                    axis_rules: Sequence[tuple[str, Any]]) -> Any:
+  """The layout of `model`'s parameters on `mesh` (as training lays them out)."""
+  boxed = jax.eval_shape(lambda r: model.init(r, *dummy_inputs)["params"],
+                         jax.random.PRNGKey(0))
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, axis_rules)
+
+
 def init_sharded(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, shardings: Any,
                  mesh: Mesh, axis_rules: Sequence[tuple[str, Any]]) -> Any:
   """The unboxed state, computed directly in its sharded layout.
