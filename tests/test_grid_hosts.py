@@ -218,3 +218,25 @@ def test_real_grid_on_two_hosts_resumes_a_killed_cell_from_its_checkpoint(tmp_pa
   for c in cells:
     res = json.load(open(os.path.join(runner.cell_dir(workdir, c), "result.json")))
     assert res["shard"] == f"{c.index}/2" and res["train_run"]["completed"] is True
+
+
+def test_aggregation_waits_for_another_hosts_aggregation(tmp_path):
+  """results.csv is rewritten by one host at a time: an aggregation waits while
+  another holds W/aggregate.lock, then reads every cell finished by then."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from ceu_jax.grid import main as grid_main  # pylint: disable=g-import-not-at-top
+  from tests.test_grid_driver import validate  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / "grid")
+  runner.run_grid(_report_config(), workdir, _report_cell, log=lambda s: None)
+  lock = runner.file_lock(os.path.join(workdir, "aggregate.lock"), "grid aggregation")
+  lock.acquire()
+  out = {}
+  worker = threading.Thread(target=lambda: out.update(grid_main.run(
+      _report_config(), workdir, aggregate_only=True, validate_fn=validate,
+      log=lambda s: None)))
+  worker.start()
+  time.sleep(1.5)
+  assert worker.is_alive() and not os.path.exists(os.path.join(workdir, "results.csv"))
+  lock.release()
+  worker.join(timeout=60)
+  assert not worker.is_alive() and out["rows"] == 6 * 3
