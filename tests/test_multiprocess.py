@@ -110,6 +110,11 @@ def test_two_processes_equal_eight_devices_and_resume_bit_identically(tmp_path):
   _assert_params_close(_params(full, 20), _params(one, 20))
   assert metric_rows(resumed) == metric_rows(full)
   assert_trees_equal(load_state_here(resumed, 20), load_state_here(full, 20))
+  # The two-process checkpoint is an ordinary one: audited here, on one device.
+  from ceu_jax import audit_job  # pylint: disable=g-import-not-at-top
+  summary = audit_job.run_audit(_tiny_config(cfg), full, data_dir=str(tmp_path / "evalsets"),
+                                log=lambda s: None)
+  assert summary["train_run"]["checkpoint_step"] == 20
 
 
 def _tiny_config(path: str, **train):
