@@ -1,6 +1,10 @@
 """`experiments.audit`: audit the checkpoint in a training workdir (SPEC §1, §5).
 
-The rows come from the one `Auditor` (`ceu_jax.auditor`); this module adds
+The rows come from the one `Auditor` (`ceu_jax.auditor`) on the device mesh of
+`config.sharding`, as in training: each eval batch split over the axes the
+logical 'batch' axis maps to, the parameters laid out as training lays them out
+(replicated under pure data parallelism, split under model-parallel rules),
+the model traced under the mesh and its logical axis rules. This module adds
 what a job needs around it: resumable parts on disk, examples.csv,
 summary.json and histograms. Layout under `out_dir` (W/audit by default):
   parts/fingerprint.json      what the parts were computed from (checkpoint digest,
@@ -13,12 +17,15 @@ summary.json and histograms. Layout under `out_dir` (W/audit by default):
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io as _io
 import os
 import shutil
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
+import flax.linen as nn
+import jax
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -28,6 +35,7 @@ from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.auditor import (AuditedModel, Auditor, AuditSettings, Rows, audited_model,
                              eval_set)
 from ceu_jax.data import evalsets
+from ceu_jax.engine import placement
 
 DATA_DIR_ENV = "CEU_JAX_DATA_DIR"
 EXAMPLE_FIELDS = ("example_id", "corruption", "correct", "has_evidence", "dis_found",
@@ -79,17 +87,37 @@ def fingerprint(bundle: AuditedModel, settings: AuditSettings, variables: Any,
 
 
 def audit_rows(bundle: AuditedModel, settings: AuditSettings, variables: Any,
-               data: evalsets.FixedEvalSet, out_dir: str, *, log=print
-               ) -> tuple[dict[str, Rows], dict]:
-  """(rows per corruption, fingerprint), resumable through parts under out_dir."""
+               data: evalsets.FixedEvalSet, out_dir: str, *, batch_sharding: Any = None,
+               log=print) -> tuple[dict[str, Rows], dict]:
+  """(rows per corruption, fingerprint), resumable through parts under out_dir.
+  `batch_sharding` splits each batch over a mesh (`Auditor`); the caller enters the
+  mesh context (`on_mesh`)."""
   os.makedirs(out_dir, exist_ok=True)
   fp = fingerprint(bundle, settings, variables, data)
   if bundle.approximate:
     log(f"[audit] WARNING: the read port {bundle.site} has an approximate span "
         "decomposition; span CEU values are approximate")
-  rows = Auditor(bundle, settings).rows(variables, data, parts=DiskParts(out_dir, fp, log),
-                                        log=log)
+  auditor = Auditor(bundle, settings, batch_sharding=batch_sharding)
+  rows = auditor.rows(variables, data, parts=DiskParts(out_dir, fp, log), log=log)
   return rows, fp
+
+
+@contextlib.contextmanager
+def on_mesh(config: Any, bundle: AuditedModel, variables: Any
+            ) -> Iterator[tuple[Any, Any]]:
+  """`with on_mesh(config, bundle, host_variables) as (variables, batch_sharding):`
+  the mesh of `config.sharding` entered (jax.set_mesh and the logical axis rules, as
+  the training loop does), the parameters placed in training's layout, and the
+  sharding that splits an eval batch over the batch axes."""
+  from ceu_jax.train import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
+  from ceu_jax.train import task as task_lib  # pylint: disable=import-outside-toplevel
+  mesh = sharding_lib.make_mesh(config.sharding)
+  rules = sharding_lib.rules(config.sharding)
+  dummy = task_lib.Task(audited=bundle, loss_cfg=None, seed=0).dummy_inputs
+  layout = sharding_lib.param_shardings(bundle.model, dummy, mesh, rules)
+  placed = dict(variables, params=jax.device_put(variables["params"], layout))
+  with sharding_lib.mesh_context(mesh), nn.logical_axis_rules(rules):
+    yield placed, sharding_lib.batch_sharding(config.sharding, mesh)
 
 
 def run_audit(config, workdir: str, *, data_dir: str | None = None,
@@ -123,7 +151,11 @@ def run_audit(config, workdir: str, *, data_dir: str | None = None,
     settings = AuditSettings.of_config(config)
     data = eval_set(config, data_dir=data_dir or default_data_dir())
     out_dir = os.path.join(workdir, "audit")
-    rows, fp = audit_rows(bundle, settings, loaded.variables, data, out_dir, log=log)
+    with on_mesh(config, bundle, loaded.variables) as (variables, batch_sharding):
+      log(f"[audit] mesh {dict(batch_sharding.mesh.shape)}: each batch of "
+          f"{settings.batch_size} split {placement.num_shards(batch_sharding)} ways")
+      rows, fp = audit_rows(bundle, settings, variables, data, out_dir,
+                            batch_sharding=batch_sharding, log=log)
     produced_by = dict(train_run=_jsonable(run), config_changes=[
         dict(field=f, old=o, new=n, kind=k) for f, o, n, k in changes])
     return write_outputs(out_dir, rows, Auditor(bundle, settings).summarize(rows), fp,

@@ -19,6 +19,11 @@ degenerate), delta_L, delta_<p> for the probes p of
 Probe spans are drawn with one key per (probe seed, corruption, example): a
 row does not depend on the batch it was computed in.
 
+On a device mesh (`Auditor(..., batch_sharding=NamedSharding(mesh, P('data')))`)
+each batch is split over the data axis, the variables replicated (or left in
+their model-parallel layout), and the rows gathered on every process
+(`ceu_jax.engine.placement`); they equal the one-device rows (tested).
+
 Shape legend: B batch, N context tokens, K probes.
 """
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np
 
 import architectures
 from ceu_jax import engine, metrics, progress
+from ceu_jax.engine import placement
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.data import evalsets, tasks
 from ceu_jax.data.types import RetrievalBatch
@@ -148,11 +154,15 @@ class PartStore(Protocol):
   def put(self, corruption: str, index: int, rows: Rows) -> None: ...
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5))
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
 def _probes_and_correct(model, variables, clean: RetrievalBatch, corrupt: RetrievalBatch,
-                        key: jax.Array, k: int):
+                        key: jax.Array, k: int, host_sharding=None):
+  """(probes [K, B, N], dis_found [B], correct [B]); the last two laid out by
+  `host_sharding` (replicated on a mesh: every process reads them)."""
   probes, dis_found = adapter.probe_set(clean, corrupt, key, k)
   correct = answer_correct(model.apply(variables, *clean.model_inputs()), clean.answer)
+  if host_sharding is not None:
+    dis_found, correct = jax.lax.with_sharding_constraint((dis_found, correct), host_sharding)
   return probes, dis_found, correct
 
 
@@ -160,11 +170,13 @@ class Auditor:
   """Scores an `AuditedModel` on fixed eval sets: CEU rows per corruption."""
 
   def __init__(self, bundle: AuditedModel, settings: AuditSettings = AuditSettings(), *,
-               put: Callable[[Any], Any] | None = None):
-    """`put` places a batch on devices (e.g. sharded over the mesh's batch axes)."""
+               batch_sharding: jax.sharding.NamedSharding | None = None):
+    """`batch_sharding`: split each eval batch over a mesh, e.g.
+    NamedSharding(mesh, P('data')) (`ceu_jax.engine.placement`); None = one device."""
     self.bundle = bundle
     self.settings = settings
-    self.put = put or (lambda tree: tree)
+    self.batch_sharding = (None if batch_sharding is None
+                           else placement.check(batch_sharding))
 
   def probe_key(self, corruption: str) -> jax.Array:
     base = jax.random.fold_in(jax.random.PRNGKey(self.settings.probe_seed), PROBE_SALT)
@@ -173,15 +185,21 @@ class Auditor:
   def batch_rows(self, variables: Any, clean: RetrievalBatch, corrupt: RetrievalBatch,
                  corruption: str) -> Rows:
     """Rows of one batch of D+ and its D− under `corruption`."""
-    b, s = self.bundle, self.settings
-    clean, corrupt = self.put(clean), self.put(corrupt)
+    b, s, bs = self.bundle, self.settings, self.batch_sharding
+    host = clean
+    if bs is not None:
+      clean = placement.place_batch(clean, bs, "clean")
+      corrupt = placement.place_batch(corrupt, bs, "corrupt")
+      variables = placement.place_variables(variables, bs)
     probes, dis_found, correct = _probes_and_correct(
-        b.model, variables, clean, corrupt, self.probe_key(corruption), len(adapter.PROBES))
+        b.model, variables, clean, corrupt, self.probe_key(corruption), len(adapter.PROBES),
+        None if bs is None else placement.replicated(bs))
     res = engine.audit(b.loglik_fn, variables, clean=adapter.ModelInputs.of(clean),
                        corrupt=adapter.ModelInputs.of(corrupt), site=b.site, probes=probes,
-                       chunk_size=s.chunk_size, eps=s.eps, allow_approximate=b.approximate)
-    rows = dict(example_id=clean.example_id, correct=correct,
-                has_evidence=clean.has_evidence, dis_found=dis_found, L_plus=res.L_plus,
+                       chunk_size=s.chunk_size, eps=s.eps, allow_approximate=b.approximate,
+                       batch_sharding=bs)
+    rows = dict(example_id=host.example_id, correct=correct,
+                has_evidence=host.has_evidence, dis_found=dis_found, L_plus=res.L_plus,
                 L_minus=res.L_minus, delta_L=res.delta_L, degenerate=res.degenerate)
     for name in adapter.PROBES:
       rows[f"L_int_{name}"] = res.row("L_int", name)
@@ -199,6 +217,8 @@ class Auditor:
     ETA): after every batch, or at most one per `log_every_s` seconds plus the last
     batch of each corruption."""
     size, n = self.settings.batch_size, data.num_examples
+    if self.batch_sharding is not None:    # once, not per batch
+      variables = placement.place_variables(variables, self.batch_sharding)
     out: dict[str, Rows] = {}
     prog = progress.Progress(n * len(data.corruptions))
     last_line = 0.0

@@ -266,7 +266,7 @@ def resolve_config(config: Any, workdir: str, *, use_workdir_config: bool = Fals
         f"--use_workdir_config (reads {os.path.join(workdir, CONFIG_FILE)}){hint}",
         e.differences) from None
   if changes and log is not None:
-    log(f"[{role}] config differs from the run's: {format_diff(changes)} "
+    log(f"[{role}] config differs from the run's: {format_diff([c[:3] for c in changes])} "
         "(declared or eval/sharding settings)")
   return config, changes
 

@@ -3,6 +3,12 @@
   python -m experiments.grid --config configs/smoke.py --workdir runs/smoke [--shard i/N]
   python -m experiments.grid --config configs/smoke.py --workdir runs/smoke --aggregate_only
 
+Many hosts sharing the workdir: host i of N runs `--shard i/N` (SLURM array:
+`--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`); every cell runs on
+exactly one host. A host killed mid-cell: rerun its shard (on any host); finished
+cells are skipped, the interrupted one resumes from its checkpoint. README,
+"Grid across hosts".
+
 Aggregation uses the cells of the current config's grid; cells left under
 <workdir>/cells/ by an earlier config are named in a warning and left out of
 results.csv and report.md (`--include_other_cells` includes them, flagged).
@@ -17,6 +23,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Grid config file.", l
 _WORKDIR = flags.DEFINE_string("workdir", None, "Grid working directory.", required=True)
 _SHARD = flags.DEFINE_string("shard", None, "Run every N-th cell: i/N.")
 _AGG = flags.DEFINE_bool("aggregate_only", False, "Only merge finished cells and report.")
+_BUSY_WAIT = flags.DEFINE_float("busy_wait", 300.0, "Seconds to wait at the end of the "
+                                "shard for cells locked by another process (a dead "
+                                "host's lock expiring, or a live host finishing them).",
+                                lower_bound=0.0)
 _OTHER = flags.DEFINE_bool("include_other_cells", False, "Also aggregate finished cells that "
                            "are not in the current grid config (flagged in the report).")
 
@@ -24,7 +34,8 @@ _OTHER = flags.DEFINE_bool("include_other_cells", False, "Also aggregate finishe
 def main(argv):
   del argv
   grid_main.run(_CONFIG.value, _WORKDIR.value, shard=_SHARD.value,
-                aggregate_only=_AGG.value, include_other_cells=_OTHER.value)
+                aggregate_only=_AGG.value, include_other_cells=_OTHER.value,
+                busy_wait_s=_BUSY_WAIT.value)
 
 
 if __name__ == "__main__":

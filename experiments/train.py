@@ -15,6 +15,12 @@ Exit codes: 0 done; 75 stopped by SIGTERM/SIGINT after saving a checkpoint at
 the step boundary (rerun to resume); 65 diverged (non-finite loss/gradients;
 <workdir>/status.json names the step); 1 any other error: known ones (bad config,
 workdir, checkpoint, data) as one line, the traceback with --verbosity=1.
+
+Several processes (hosts) train one run together when the environment or the
+flags describe a cluster: run the same command on every host with
+JAX_COORDINATOR_ADDRESS=host0:port JAX_NUM_PROCESSES=N JAX_PROCESS_ID=i (or
+--coordinator_address/--num_processes/--process_id), or under `srun` (SLURM is
+detected); the workdir must be on a filesystem every host sees. README, "Many hosts".
 """
 from __future__ import annotations
 
@@ -24,8 +30,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from ceu_jax import cli
+from ceu_jax.train import cluster
 from ceu_jax.train import loop
-from ceu_jax.train import sharding
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
@@ -35,16 +41,24 @@ flags.DEFINE_bool("fresh", False, "Start from step 0 even though the workdir hol
 flags.DEFINE_list("allow_config_change", [], "Training fields (dotted, or a section such as "
                   "'cer') that may differ from <workdir>/config.json on this rerun, e.g. "
                   "train.num_steps,cer.lambda_ev. Model fields can never change.")
+flags.DEFINE_string("coordinator_address", "", "Multi-process runs: 'host:port' of process "
+                    "0's coordinator ('' = $JAX_COORDINATOR_ADDRESS, or SLURM / Open MPI "
+                    "detection, or a single process).")
+flags.DEFINE_integer("num_processes", -1, "Multi-process runs: the number of processes "
+                     "(-1 = $JAX_NUM_PROCESSES or the launcher's).")
+flags.DEFINE_integer("process_id", -1, "Multi-process runs: this process's id in "
+                     "[0, num_processes) (-1 = $JAX_PROCESS_ID or the launcher's).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
-  sharding.maybe_initialize_distributed()
+  procs = cluster.flag_values(FLAGS.coordinator_address, FLAGS.num_processes,
+                              FLAGS.process_id)
   try:
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,
-                            allow_config_change=FLAGS.allow_config_change)
+                            allow_config_change=FLAGS.allow_config_change, cluster=procs)
   except loop.Preempted as e:
     logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
     logging.flush()

@@ -67,9 +67,9 @@ from ceu_jax.engine.probes import (CONTROL, DIS, EV, FULL, Probes,
                                    control_span, evidence_probes, full_site,
                                    port_probes, position_probes, span_probes,
                                    stack)
-from ceu_jax.engine.runner import (AuditResult, Profile, audit, from_logliks,
-                                   intervened_logliks, map_probes, one_probe,
-                                   profile)
+from ceu_jax.engine.runner import (AuditResult, Profile, audit, audit_lowered,
+                                   from_logliks, intervened_logliks,
+                                   map_probes, one_probe, profile)
 from ceu_jax.engine.scores import (attrib, ceu, ceu_unclipped, degenerate,
                                    delta_int, delta_L, hinge_below, tokenwise)
 from ceu_jax.engine.sites import Site, patch, record
@@ -80,7 +80,7 @@ __all__ = [
     "MultiEvidenceLayout", "MultiEvidenceScores", "Native", "Output",
     "PortCheck", "PortCheckError", "Probes", "Profile", "Scanned", "Site",
     "SiteNotFoundError", "SpanUnsupportedError", "Tap", "aggregate",
-    "attention_mass", "attrib", "audit", "by_attention", "by_passage",
+    "attention_mass", "attrib", "audit", "audit_lowered", "by_attention", "by_passage",
     "by_query_overlap", "ceu", "ceu_unclipped", "check_port", "choose_pairs",
     "control_span", "degenerate", "delta_L", "delta_int", "evidence_probes",
     "from_logliks", "full_site", "hinge_below", "intervened_logliks",

@@ -63,6 +63,10 @@ def per_probe_bytes(fn: Callable[[Any, Any], Any], consts: Any, probes: Any) -> 
   return sizes["w"]
 
 
-def choose(fn: Callable[[Any, Any], Any], consts: Any, probes: Any) -> int:
-  """`rule` applied to the measured per-probe working set of ``fn``."""
-  return rule(per_probe_bytes(fn, consts, probes), probes.num)
+def choose(fn: Callable[[Any, Any], Any], consts: Any, probes: Any,
+           batch_shards: int = 1) -> int:
+  """`rule` applied to the measured per-probe working set of ``fn`` on one device:
+  traced shapes are global, so with the batch split over ``batch_shards`` devices
+  each holds 1 / batch_shards of it (the budget is per device)."""
+  per_device = -(-per_probe_bytes(fn, consts, probes) // max(int(batch_shards), 1))
+  return rule(per_device, probes.num)

@@ -24,7 +24,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ceu_jax.engine import chunking, hoist as hoist_lib, scores
+from ceu_jax.engine import chunking, hoist as hoist_lib, placement, scores
 from ceu_jax.engine.probes import FULL, Probes
 from ceu_jax.engine.sites import (APPROXIMATE, EngineError, LoglikFn,
                                   MaskShapeError, Site, check_site,
@@ -106,13 +106,15 @@ def paired_probe(loglik_fn: LoglikFn, site: Site, variables: Any, *,
 
 
 def map_probes(fn: Callable[[Any, Probes], Any], consts: Any, probes: Probes,
-               chunk_size: ChunkSize = AUTO, hoist: bool = True) -> Any:
+               chunk_size: ChunkSize = AUTO, hoist: bool = True,
+               batch_shards: int = 1) -> Any:
   """``fn(consts, probe_chunk)`` (vmapped over its probe axis) over all K
-  probes in chunks of ``chunk_size`` (``'auto'``: `chunking.choose`);
+  probes in chunks of ``chunk_size`` (``'auto'``: `chunking.choose`, with the
+  working set per device when the batch is split into ``batch_shards``);
   outputs stacked on a leading K axis."""
   k = probes.num
   if chunk_size == AUTO:
-    chunk_size = chunking.choose(fn, consts, probes)
+    chunk_size = chunking.choose(fn, consts, probes, batch_shards)
   chunking.check(chunk_size)
   if k <= chunk_size:
     return fn(consts, probes)
@@ -159,12 +161,14 @@ def intervened_logliks(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
                        corrupt: Any, site: Site, probes: Probes,
                        chunk_size: ChunkSize = AUTO,
                        allow_approximate: bool = False, hoist: bool = True,
-                       clean_grad: bool = True, paired: bool = False
-                       ) -> jax.Array:
+                       clean_grad: bool = True, paired: bool = False,
+                       batch_shards: int = 1) -> jax.Array:
   """L_int [K, B(, A)] for every probe. Pure; use inside jit/grad.
 
   ``clean_grad=False`` puts the clean recording under stop-gradient (only
   the intervened runs carry gradients). ``paired``: see `paired_probe`.
+  ``batch_shards``: devices the batch is split over (the 'auto' chunk rule
+  budgets per device).
   """
   site = check_site(site)
   probes = probes.validate()
@@ -175,7 +179,8 @@ def intervened_logliks(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
                      clean_grad=clean_grad, paired=paired)[None]
   fn = probe_fn(loglik_fn, site, allow_approximate=allow_approximate,
                 clean_grad=clean_grad, paired=paired)
-  return map_probes(fn, (variables, clean, corrupt), bare, chunk_size, hoist)
+  return map_probes(fn, (variables, clean, corrupt), bare, chunk_size, hoist,
+                    batch_shards)
 
 
 @flax.struct.dataclass
@@ -266,9 +271,11 @@ def check_loglik_shape(out: Any, per_token: Optional[bool], what: str) -> None:
 
 @functools.partial(jax.jit, static_argnums=(0, 1),
                    static_argnames=("chunk_size", "allow_approximate", "hoist",
-                                    "paired", "per_token"))
+                                    "paired", "per_token", "batch_shards",
+                                    "out_sharding"))
 def _audit_jit(loglik_fn, site, variables, clean, corrupt, probes, eps, *,
-               chunk_size, allow_approximate, hoist, paired, per_token):
+               chunk_size, allow_approximate, hoist, paired, per_token,
+               batch_shards=1, out_sharding=None):
   L_plus, kind = _observed_loglik(loglik_fn, site, variables, clean)
   check_loglik_shape(L_plus, per_token, "clean")
   L_minus = loglik_fn(variables, corrupt)
@@ -280,17 +287,22 @@ def _audit_jit(loglik_fn, site, variables, clean, corrupt, probes, eps, *,
   L_int = intervened_logliks(
       loglik_fn, variables, clean=clean, corrupt=corrupt, site=site,
       probes=probes, chunk_size=chunk_size,
-      allow_approximate=allow_approximate, hoist=hoist, paired=paired)
+      allow_approximate=allow_approximate, hoist=hoist, paired=paired,
+      batch_shards=batch_shards)
   names = probes.names or tuple(f"probe_{i}" for i in range(L_int.shape[0]))
   approx = probes.span is not None and kind == APPROXIMATE
-  return from_logliks(L_plus, L_minus, L_int, eps, names, str(site), approx)
+  out = from_logliks(L_plus, L_minus, L_int, eps, names, str(site), approx)
+  if out_sharding is not None:   # small [K, B] results: every process reads them
+    out = jax.lax.with_sharding_constraint(out, out_sharding)
+  return out
 
 
 def audit(loglik_fn: LoglikFn, variables: Any, *, clean: Any, corrupt: Any,
           site: Site, probes: Optional[Probes] = None,
           chunk_size: ChunkSize = AUTO, eps: float = scores.DEFAULT_EPS,
           allow_approximate: bool = False, hoist: bool = True,
-          paired: bool = False, per_token: Optional[bool] = None
+          paired: bool = False, per_token: Optional[bool] = None,
+          batch_sharding: Optional[jax.sharding.NamedSharding] = None
           ) -> AuditResult:
   """CEU of every probe at ``site`` in one compiled call.
 
@@ -306,18 +318,60 @@ def audit(loglik_fn: LoglikFn, variables: Any, *, clean: Any, corrupt: Any,
   - ``chunk_size``: probes per vmapped chunk, or ``'auto'`` (the
     `chunking.choose` rule). ``paired``: one run on [D+; D−] per probe
     (sites inside nn.remat / nn.scan).
+  - ``batch_sharding``: split the batch over a device mesh, e.g.
+    ``NamedSharding(mesh, P('data'))`` (`ceu_jax.engine.placement`): inputs
+    and probe masks split along B, variables replicated unless already on it,
+    results replicated (readable on every process); probe chunks then bound
+    the memory of each device, which holds B / shards examples.
   The compiled function is cached on (loglik_fn, site, static options) and
   probe names: keep ``loglik_fn`` the same object across calls (not a fresh
   lambda) to avoid recompiling. Differentiable (``ceu_unclipped``).
   """
+  args, kwargs = _audit_args(loglik_fn, variables, clean, corrupt, site,
+                             probes, eps, chunk_size, allow_approximate, hoist,
+                             paired, per_token, batch_sharding)
+  return _audit_jit(*args, **kwargs)
+
+
+def audit_lowered(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
+                  corrupt: Any, site: Site, probes: Optional[Probes] = None,
+                  chunk_size: ChunkSize = AUTO,
+                  eps: float = scores.DEFAULT_EPS,
+                  allow_approximate: bool = False, hoist: bool = True,
+                  paired: bool = False, per_token: Optional[bool] = None,
+                  batch_sharding: Optional[jax.sharding.NamedSharding] = None
+                  ) -> jax.stages.Lowered:
+  """The program `audit` would run, lowered but not run:
+  ``.compile().memory_analysis()`` gives its bytes per device (temporaries,
+  arguments, outputs) for a chunk size and mesh before committing to an
+  audit; ``.cost_analysis()`` its FLOPs."""
+  args, kwargs = _audit_args(loglik_fn, variables, clean, corrupt, site,
+                             probes, eps, chunk_size, allow_approximate, hoist,
+                             paired, per_token, batch_sharding)
+  return _audit_jit.lower(*args, **kwargs)
+
+
+def _audit_args(loglik_fn, variables, clean, corrupt, site, probes, eps,
+                chunk_size, allow_approximate, hoist, paired, per_token,
+                batch_sharding):
+  """Checked, placed arguments of `_audit_jit`."""
   site = check_site(site)
   probes = Probes(names=(FULL,)) if probes is None else probes.validate()
   if chunk_size != AUTO:
     chunking.check(chunk_size)
-  return _audit_jit(
-      loglik_fn, site, variables, clean, corrupt, probes, eps,
-      chunk_size=chunk_size, allow_approximate=allow_approximate, hoist=hoist,
-      paired=paired, per_token=per_token)
+  out_sharding, shards = None, 1
+  if batch_sharding is not None:
+    batch_sharding = placement.check(batch_sharding)
+    shards = placement.num_shards(batch_sharding)
+    out_sharding = placement.replicated(batch_sharding)
+    clean = placement.place_batch(clean, batch_sharding, "clean")
+    corrupt = placement.place_batch(corrupt, batch_sharding, "corrupt")
+    probes = placement.place_probes(probes, batch_sharding)
+    variables = placement.place_variables(variables, batch_sharding)
+  return ((loglik_fn, site, variables, clean, corrupt, probes, eps),
+          dict(chunk_size=chunk_size, allow_approximate=allow_approximate,
+               hoist=hoist, paired=paired, per_token=per_token,
+               batch_shards=shards, out_sharding=out_sharding))
 
 
 @flax.struct.dataclass

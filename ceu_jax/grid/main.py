@@ -1,4 +1,10 @@
-"""The grid job: expand and validate, run this shard's cells, aggregate, report."""
+"""The grid job: expand and validate, run this shard's cells, aggregate, report.
+
+On N hosts sharing the workdir, host i runs `run(..., shard='i/N')`: the shards
+partition the grid (ceu_jax.grid.runner); each host then aggregates what is
+finished so far under W/aggregate.lock, one host at a time, so the last host to
+finish writes results.csv and report.md with every cell.
+"""
 from __future__ import annotations
 
 import os
@@ -9,13 +15,18 @@ from ceu_jax import progress
 from ceu_jax.grid import aggregate, report, runner, validate
 
 
+AGGREGATE_WAIT_S = 600.0   # longest wait for another host's aggregation
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = None,
         aggregate_only: bool = False, include_other_cells: bool = False, cell_fn=None,
-        log=print) -> dict:
+        validate_fn=None, busy_wait_s: float = 0.0, log=print) -> dict:
   """Run (or only aggregate) a grid; returns counts, paths and failures.
 
   Aggregation takes the cells of `config`'s grid only; cells under W/cells/ from an
-  earlier config are named and left out unless `include_other_cells`.
+  earlier config are named and left out unless `include_other_cells`. `busy_wait_s`:
+  how long to wait at the end for cells locked by another process (runner.run_grid).
+  `cell_fn` / `validate_fn` replace the training cell and its config check (tests).
   """
   clock = progress.Progress(1)
   counts = {}
@@ -24,14 +35,21 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = 
       from ceu_jax.grid.cell import run_cell
       cell_fn = run_cell
     counts = runner.run_grid(config, workdir, cell_fn, shard=shard,
-                             validate=validate.validate_cell, log=log)
-  results, failures, other = aggregate.select_results(
-      workdir, config, include_other_cells=include_other_cells, log=log)
-  csv_path, rows = aggregate.write_rows(workdir, results)
-  report_path = report.write_report(
-      workdir, rows, results, failures, config=config,
-      other_cells=other if include_other_cells else (), excluded=() if
-      include_other_cells else other)
+                             validate=validate_fn or validate.validate_cell,
+                             busy_wait_s=busy_wait_s,
+                             log=log)
+  os.makedirs(workdir, exist_ok=True)
+  # One aggregation at a time: each reads the cells finished before it took the lock,
+  # so the last host to finish writes the complete results.
+  with runner.waiting_lock(os.path.join(workdir, "aggregate.lock"), "grid aggregation",
+                           timeout_s=AGGREGATE_WAIT_S):
+    results, failures, other = aggregate.select_results(
+        workdir, config, include_other_cells=include_other_cells, log=log)
+    csv_path, rows = aggregate.write_rows(workdir, results)
+    report_path = report.write_report(
+        workdir, rows, results, failures, config=config,
+        other_cells=other if include_other_cells else (), excluded=() if
+        include_other_cells else other)
   log(f"[grid] wrote {csv_path} ({len(rows)} rows), {report_path} and "
       f"{os.path.join(workdir, 'plots')}/ (elapsed {progress.fmt_duration(clock.elapsed())})")
   for f in failures:

@@ -10,6 +10,18 @@ Layout of a grid workdir W:
   W/driver-<i>of<N>.lock      one driver per shard; a second one is refused
   W/cells/<id>/.lock          held while a cell runs, so overlapping shards never
                               run the same cell at once
+  W/aggregate.lock            held while results.csv / report.md are rewritten
+
+Many hosts sharing W (a filesystem with working flock: local, NFSv4, Lustre
+mounted with -o flock): host i of N runs `--shard i/N`, the cells whose index
+is i mod N, so the shards partition the grid and every cell runs on exactly one
+host; result.json records the host, pid and shard that finished it. A host killed
+mid-cell leaves the cell without result.json and its lock released (by the kernel,
+or by the NFS server when the dead client's lease expires): rerunning the same
+shard, on any host, skips the finished cells and resumes that one from its
+checkpoint. A cell found locked (`busy`) is retried at the end of the pass for
+up to `busy_wait_s` (a dead host's lock until its lease runs out; a live holder
+until it finishes the cell, which is then skipped).
 
 A cell function `cell_fn(config, cell_dir) -> dict` trains/evaluates one cell and
 returns {"rows": [one dict per test condition], ...}; it must itself resume from
@@ -17,11 +29,13 @@ whatever it left in cell_dir (the training loop resumes from its checkpoints).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Iterator
 
 import ml_collections
 
@@ -47,14 +61,39 @@ def cell_dir(workdir: str, cell: sweep_lib.Cell) -> str:
   return os.path.join(workdir, "cells", cell.cell_id)
 
 
+@contextlib.contextmanager
+def waiting_lock(path: str, what: str, *, timeout_s: float, poll_s: float = 0.5
+                 ) -> Iterator[locks.FileLock]:
+  """`with waiting_lock(path, what, timeout_s=...):` `file_lock(path, what)` held,
+  waiting up to `timeout_s` for another holder to let go (LockHeld after that)."""
+  deadline = time.time() + timeout_s
+  while True:
+    try:
+      lock = file_lock(path, what).acquire()
+      break
+    except LockHeld:
+      if time.time() >= deadline:
+        raise
+      time.sleep(poll_s)
+  try:
+    yield lock
+  finally:
+    lock.release()
+
+
 def _record(cell: sweep_lib.Cell, status: str, **extra) -> dict:
   return dict(cell_id=cell.cell_id, index=cell.index, status=status,
               overrides=[[k, v] for k, v in cell.overrides],
               config=sweep_lib.flatten(cell.config), **extra)
 
 
-def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn) -> str:
-  """Run one cell unless finished; returns 'skipped', 'done', 'failed' or 'busy'."""
+def _finished(workdir: str, cell: sweep_lib.Cell) -> bool:
+  return os.path.exists(os.path.join(cell_dir(workdir, cell), "result.json"))
+
+
+def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "0/1") -> str:
+  """Run one cell unless finished; returns 'skipped', 'done', 'failed' or 'busy'.
+  `shard` ('i/N') is recorded with the host and pid that ran the cell."""
   d = cell_dir(workdir, cell)
   result_path = os.path.join(d, "result.json")
   if os.path.exists(result_path):
@@ -64,13 +103,14 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn) -> str:
       if os.path.exists(result_path):     # finished by another shard meanwhile
         return "skipped"
       io.write_json_atomic(os.path.join(d, "config.json"), cell.config.to_dict())
+      ran_by = dict(host=socket.gethostname(), pid=os.getpid(), shard=shard)
       start = time.time()
       try:
         out = cell_fn(cell.config, d)
       except Exception as e:  # a failing cell is recorded; the grid goes on
         io.write_json_atomic(os.path.join(d, "error.json"), _record(
             cell, "failed", error=f"{type(e).__name__}: {e}",
-            traceback=traceback.format_exc(), time_wall_s=time.time() - start))
+            traceback=traceback.format_exc(), time_wall_s=time.time() - start, **ran_by))
         logging.error("cell %s failed: %s: %s", cell.cell_id, type(e).__name__, e)
         return "failed"
       train_dir = os.path.join(d, "train")
@@ -78,7 +118,7 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn) -> str:
       io.write_json_atomic(result_path, _record(
           cell, "ok", rows=out.get("rows", []),
           extra={k: v for k, v in out.items() if k != "rows"},
-          train_run=train_run, time_wall_s=time.time() - start))
+          train_run=train_run, time_wall_s=time.time() - start, **ran_by))
       if os.path.exists(os.path.join(d, "error.json")):
         os.unlink(os.path.join(d, "error.json"))
       return "done"
@@ -87,8 +127,10 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn) -> str:
 
 
 def run_grid(config: ml_collections.ConfigDict, workdir: str, cell_fn: CellFn, *,
-             shard: str | None = None, validate=None, log=print) -> dict:
-  """Expand, validate and run every cell of this shard. Returns counts per outcome."""
+             shard: str | None = None, validate=None, busy_wait_s: float = 0.0,
+             log=print) -> dict:
+  """Expand, validate and run every cell of this shard. Returns counts per outcome
+  ('busy': cells still locked elsewhere after waiting `busy_wait_s` at the end)."""
   cells = sweep_lib.expand(config, validate=validate)      # fails before any training
   i, n = sweep_lib.parse_shard(shard)
   mine = sweep_lib.shard_cells(cells, (i, n))
@@ -103,7 +145,7 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, cell_fn: CellFn, *
             if not os.path.exists(os.path.join(cell_dir(workdir, c), "result.json"))]
     prog = progress_lib.Progress(len(todo))
     prog.update(0)
-    ran = 0
+    ran, busy = 0, []
     for pos, cell in enumerate(mine, 1):
       tag = f"[grid] cell {pos}/{len(mine)} (shard {i}/{n}, #{cell.index}) {cell.cell_id} {cell.label()}"
       if os.path.exists(os.path.join(cell_dir(workdir, cell), "result.json")):
@@ -111,14 +153,56 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, cell_fn: CellFn, *
         counts["skipped"] += 1
         continue
       log(f"{tag}: running ({prog.line()})")
-      outcome = run_cell(cell, workdir, cell_fn)
-      counts[outcome] += 1
+      outcome = run_cell(cell, workdir, cell_fn, f"{i}/{n}")
+      if outcome == "busy":
+        busy.append(cell)
+      else:
+        counts[outcome] += 1
       ran += 1
       log(f"{tag}: {outcome} ({prog.update(ran)}, {len(todo) - ran} cells left)")
+    for k, v in _retry_busy(busy, workdir, cell_fn, f"{i}/{n}", busy_wait_s, log).items():
+      counts[k] += v
   log(f"[grid] shard {i}/{n}: {counts['done']} done, {counts['skipped']} skipped, "
       f"{counts['failed']} failed, {counts['busy']} busy elsewhere; "
       f"{len(mine)} cells in this shard, {len(cells)} in the grid")
+  log(coverage_line(cells, workdir, n))
   return counts
+
+
+def _retry_busy(busy: list, workdir: str, cell_fn: CellFn, shard: str, wait_s: float,
+                log) -> dict:
+  """Retry cells found locked until each is finished (elsewhere or here), or until
+  `wait_s` has passed; returns the counts of their final outcomes."""
+  counts = dict(skipped=0, done=0, failed=0, busy=0)
+  deadline = time.time() + wait_s
+  for cell in busy:
+    if deadline > time.time():
+      log(f"[grid] cell #{cell.index} {cell.cell_id} is locked by another process; "
+          f"waiting up to {deadline - time.time():.0f}s for it")
+    while True:
+      outcome = run_cell(cell, workdir, cell_fn, shard)
+      if outcome != "busy" or time.time() >= deadline:
+        break
+      time.sleep(min(5.0, max(deadline - time.time(), 0.0)))
+    counts[outcome] += 1
+    if outcome == "busy":
+      log(f"[grid] cell #{cell.index} {cell.cell_id} is still locked by another process "
+          "(a live host running it, or a dead host's lock not yet expired): rerun this "
+          "shard later")
+  return counts
+
+
+def coverage_line(cells: list, workdir: str, num_shards: int) -> str:
+  """How much of the whole grid is finished, and which shards still have cells."""
+  left: dict[int, int] = {}
+  for c in cells:
+    if not _finished(workdir, c):
+      left[c.index % num_shards] = left.get(c.index % num_shards, 0) + 1
+  done = len(cells) - sum(left.values())
+  if not left:
+    return f"[grid] all {len(cells)} cells of the grid are finished"
+  return (f"[grid] {done}/{len(cells)} cells of the grid finished; unfinished: " + ", ".join(
+      f"shard {s}/{num_shards} ({k} cells)" for s, k in sorted(left.items())))
 
 
 def load_results(workdir: str) -> tuple[list[dict], list[dict]]:

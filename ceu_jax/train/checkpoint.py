@@ -145,6 +145,20 @@ class PreemptionHandler:
 
 
 # ---------------------------------------------------------------- checkpointer
+def _from_process_0(steps: list[int]) -> list[int]:
+  """Process 0's list on every process. Deleting is collective in Orbax, and the
+  processes may list the steps differently for a moment (process 0 commits a save
+  after the others have written their shards), so process 0 decides what to prune."""
+  if jax.process_count() == 1:
+    return steps
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  n = int(multihost_utils.broadcast_one_to_all(np.int32(len(steps))))
+  if n == 0:
+    return []
+  mine = np.asarray(steps if jax.process_index() == 0 else [0] * n, np.int32)
+  return [int(s) for s in multihost_utils.broadcast_one_to_all(mine)]
+
+
 class Checkpointer:
   """Orbax CheckpointManager with explicit latest-N + best-N retention."""
 
@@ -192,10 +206,12 @@ class Checkpointer:
   def _metric(self, step: int) -> float | None:
     meta = self._meta.get(step)
     if meta is None:
+      # The JSON file itself, not manager.restore: a restore is collective in a
+      # multi-process run, and only process 0 decides what to prune.
       try:
-        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        meta = dict(meta["meta"])
-      except Exception:  # pylint: disable=broad-except
+        with open(os.path.join(self.directory, str(step), "meta", "metadata")) as f:
+          meta = dict(json.load(f))
+      except (OSError, ValueError, TypeError):
         return None
       self._meta[step] = meta
     value = meta.get("metrics", {}).get(self.best_metric)
@@ -215,11 +231,13 @@ class Checkpointer:
       return
     self.manager.reload()
     steps = list(self.manager.all_steps())
-    keep = self.keep_set(steps)
-    for s in steps:
-      if s not in keep:
-        self.manager.delete(s)
-        self._meta.pop(s, None)
+    drop = []
+    if jax.process_index() == 0:     # the others follow its decision
+      keep = self.keep_set(steps)
+      drop = [s for s in steps if s not in keep]
+    for s in _from_process_0(drop):
+      self.manager.delete(s)
+      self._meta.pop(s, None)
 
   # --- restore
   def all_steps(self) -> list[int]:

@@ -23,7 +23,6 @@ import numpy as np
 
 from ceu_jax import auditor as auditor_lib
 from ceu_jax import retrieval_adapter as adapter
-from ceu_jax.train import sharding as sharding_lib
 from ceu_jax.train import task as task_lib
 
 
@@ -52,10 +51,8 @@ class Evaluator:
 
   def __init__(self, config: Any, task: task_lib.Task, batch_sharding: Any = None):
     self.data = auditor_lib.eval_set(config, data_cfg=task.data_cfg)
-    put = ((lambda t: sharding_lib.shard_batch(t, batch_sharding)) if batch_sharding
-           is not None else None)
     self.auditor = auditor_lib.Auditor(task.audited, auditor_lib.AuditSettings.of_config(config),
-                                       put=put)
+                                       batch_sharding=batch_sharding)
 
   def rows(self, params: Any, log: Callable[[str], None] | None = None
            ) -> dict[str, dict[str, np.ndarray]]:

@@ -35,6 +35,7 @@ from absl import logging
 from ceu_jax import progress as progress_lib
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.train import checkpoint as ckpt_lib
+from ceu_jax.train import cluster as cluster_lib
 from ceu_jax.train import config as config_lib
 from ceu_jax.train import evaluation
 from ceu_jax.train import metric_writer
@@ -77,6 +78,9 @@ def _check_workdir(config: Any, workdir: str, fresh: bool,
     moved = workdir_lib.move_aside(workdir)
     if moved:
       logging.warning("--fresh: moved the earlier run's files to %s", moved)
+  if jax.process_count() > 1:   # the others read the workdir after process 0 changed it
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices("ceu_jax.train: workdir checked")
   stored = workdir_lib.read_config_json(workdir)
   if stored is None:
     return []
@@ -105,8 +109,15 @@ def _host(tree: Any) -> dict:
 
 def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = None,
                        site: Any = None, fresh: bool = False,
-                       allow_config_change: Iterable[str] | str = ()) -> dict:
+                       allow_config_change: Iterable[str] | str = (),
+                       cluster: cluster_lib.Cluster | None = None) -> dict:
   """Train (or resume) the run of `config` in `workdir`; returns the final metrics.
+
+  `cluster`: the processes that train together (`ceu_jax.train.cluster`; None = this
+  process alone). Every process runs this function with the same config and workdir (a
+  filesystem all of them see); the cluster is joined first, before any JAX use, the
+  mesh spans every process's devices, process 0 writes the workdir's files and every
+  process writes its shards of each checkpoint (Orbax).
 
   `fresh`: move an earlier run's files to W/previous/<time>/ and start from step 0.
   `allow_config_change`: training fields (dotted, or a section such as 'cer') that may
@@ -116,6 +127,8 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
   workdir), WorkdirLocked (another `train` runs here), EarlierRunError (an earlier
   run without a checkpoint) before anything compiles.
   """
+  config_lib.validate(config)                     # before joining: errors come first
+  cluster_lib.join(cluster)
   config_lib.validate(config, jax.device_count())
   with workdir_lib.maybe_lock(workdir, "train", enabled=jax.process_index() == 0):
     return _train(config, workdir, model, site, fresh, allow_config_change)

@@ -10,44 +10,15 @@ partitioned) initialiser, so no array is ever materialised unsharded.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
-from absl import logging
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-# Environment variables whose presence means "this is one process of several".
-_MULTIHOST_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS",
-                  "MEGASCALE_COORDINATOR_ADDRESS")
-
-
-def maybe_initialize_distributed() -> bool:
-  """`jax.distributed.initialize()` when multi-host environment variables are set.
-
-  Recognised: JAX_COORDINATOR_ADDRESS (+ JAX_NUM_PROCESSES, JAX_PROCESS_ID),
-  SLURM / Open MPI launches with more than one task, Cloud TPU multi-worker
-  slices. Returns whether it initialised. Call before any other JAX use.
-  """
-  multi = any(os.environ.get(k) for k in _MULTIHOST_ENV)
-  multi |= int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
-  multi |= int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1
-  multi |= len(os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",")) > 1
-  if not multi:
-    return False
-  kwargs = {}
-  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-    kwargs = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-                  num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-                  process_id=int(os.environ["JAX_PROCESS_ID"]))
-  jax.distributed.initialize(**kwargs)
-  logging.info("jax.distributed initialised: process %d of %d", jax.process_index(),
-               jax.process_count())
-  return True
-
+from ceu_jax.engine import placement
 
 def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
   """Replace the (single) -1 by the remaining devices; ValueError if it cannot fit."""
@@ -108,12 +79,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def shard_batch(tree: Any, sharding: NamedSharding) -> Any:
-  """Place a host/global batch (identical on every process) onto the mesh."""
-  if jax.process_count() == 1:
-    return jax.device_put(tree, sharding)
-  host = jax.device_get(tree)
-  return jax.tree.map(lambda x: jax.make_array_from_callback(
-      x.shape, sharding, lambda idx: x[idx]), host)
+  """Place a host/global batch (identical on every process) onto the mesh, the leading
+  axis split by `sharding` (each process contributes its devices' slices)."""
+  return placement.place_batch(tree, sharding, "the batch")
 
 
 def state_layout(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, mesh: Mesh,
@@ -130,6 +98,14 @@ def state_layout(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, mesh: M
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           nn.meta.unbox(boxed), shardings)
   return abstract, shardings
+
+
+def param_shardings(model: nn.Module, dummy_inputs: tuple, mesh: Mesh,
+                    axis_rules: Sequence[tuple[str, Any]]) -> Any:
+  """The layout of `model`'s parameters on `mesh` (as training lays them out)."""
+  boxed = jax.eval_shape(lambda r: model.init(r, *dummy_inputs)["params"],
+                         jax.random.PRNGKey(0))
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, axis_rules)
 
 
 def init_sharded(boxed_init: Callable[[jax.Array], Any], rng: jax.Array, shardings: Any,

@@ -1,0 +1,202 @@
+"""Issue #20.1: training in two processes joined by jax.distributed (CPU, gloo).
+
+Two local processes, each with 4 fake CPU devices, join a localhost coordinator
+(`experiments.train --coordinator_address/--num_processes/--process_id`) and
+train one tiny CER run on the 8-device mesh. The slow test runs 20 steps and
+compares them with one process of 8 devices, then stops both processes by
+SIGTERM at step 10 (checkpoint from both processes), resumes, and compares the
+result bit for bit with the uninterrupted two-process run. The CI test does the
+same at 3 steps (preempted at 2) against one device in the test process (1 and
+8 devices agree to 1e-5: tests/test_train_sharding.py). `Cluster` parsing is
+unit-tested.
+
+Compared at 1e-5: every metric that is not a ratio (loss, task_nll, cer_ev, gap,
+grad/param/update norms, lr, train_em, eval em/nll/counts) and the trained
+parameters. The mean CEU metrics (ceu_ev, ceu_dis, eval ceu_*) are per-example
+ratios (L_int − L−) / (L+ − L−) that amplify float error by |L| / gap; at these
+untrained sizes the gap is ~1e-3 for |L| ~ 5, so a 1e-7 reordering of a float32
+reduction moves them by ~5e-4: they are compared through their ingredients (gap,
+cer_ev, the parameters) and equal bit for bit between the two-process runs.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ceu_jax.train import cluster as cluster_lib
+from tests.test_multiprocess_helpers import describe_all, launch, load_state_here
+from tests.test_train_helpers import (assert_trees_equal, checkpoint_steps, describe,
+                                      metric_rows, run_train, status, write_config)
+
+EXIT_PREEMPTED = 75
+RATIO_METRICS = ("ceu_ev", "ceu_dis", "ceu_control")
+
+
+def _train_argv(cfg: str, workdir: str, *overrides: str) -> list[str]:
+  return ["-m", "experiments.train", f"--config={cfg}", f"--workdir={workdir}", *overrides]
+
+
+def _two(cfg, workdir, log_dir, *overrides, tag, cache=None):
+  return launch(_train_argv(cfg, workdir, *overrides), log_dir, processes=2, devices=4,
+                cache_dir=cache, tag=tag)
+
+
+def _assert_close_metrics(got: list[dict], want: list[dict]) -> None:
+  assert [(r["step"], r["split"]) for r in got] == [(r["step"], r["split"]) for r in want]
+  for g, w in zip(got, want):
+    assert set(g) == set(w)
+    for k, v in w.items():
+      if k in ("step", "split") or k in RATIO_METRICS or k.endswith(tuple(
+          f"/{m}" for m in RATIO_METRICS)):
+        continue
+      np.testing.assert_allclose(g[k], v, rtol=1e-5, atol=1e-5,
+                                 err_msg=f"{k} at step {w['step']} ({w['split']})")
+
+
+def _params(workdir: str, step: int):
+  return load_state_here(workdir, step)["params"]
+
+
+def _assert_params_close(a, b) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  la, ta = jax.tree.flatten(a)
+  lb, tb = jax.tree.flatten(b)
+  assert ta == tb
+  for x, y in zip(la, lb):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+
+
+def _assert_both_wrote(workdir: str, step: int) -> None:
+  """Orbax multi-process save: each process leaves its own array metadata."""
+  d = os.path.join(workdir, "checkpoints", str(step), "state", "array_metadatas")
+  assert sorted(os.listdir(d)) == ["process_0", "process_1"], os.listdir(d)
+
+
+def _run_and_resume(cfg, root, steps: int, stop_at: int, cache: str, extra=()):
+  """(uninterrupted two-process workdir, preempted-then-resumed two-process workdir)."""
+  logs = str(root / "logs")
+  full = str(root / "two_full")
+  res = _two(cfg, full, logs, *extra, tag="full", cache=cache)
+  assert all(r.returncode == 0 for r in res), describe_all(res)
+  assert status(full)["status"] == "completed" and status(full)["step"] == steps
+  assert "joined the cluster: process 1 of 2, 4 local / 8 global devices" in res[1].stderr
+
+  resumed = str(root / "two_resumed")
+  res = _two(cfg, resumed, logs, *extra, f"--config.train.debug_kill=sigterm:{stop_at}",
+             tag="stop", cache=cache)
+  assert [r.returncode for r in res] == [EXIT_PREEMPTED] * 2, describe_all(res)
+  assert status(resumed)["status"] == "preempted"
+  assert max(checkpoint_steps(resumed)) == stop_at
+  _assert_both_wrote(resumed, stop_at)
+  res = _two(cfg, resumed, logs, *extra, tag="resume", cache=cache)
+  assert all(r.returncode == 0 for r in res), describe_all(res)
+  assert f"resumed from checkpoint step {stop_at}" in res[1].stderr
+  _assert_both_wrote(resumed, steps)
+  return full, resumed
+
+
+@pytest.mark.slow
+def test_two_processes_equal_eight_devices_and_resume_bit_identically(tmp_path):
+  """20 steps (eval at 10 and 20, checkpoints every 5); SIGTERM at step 10."""
+  cfg = write_config(str(tmp_path))
+  cache = str(tmp_path / "jax_cache")
+  one = str(tmp_path / "one_process")
+  proc = run_train(cfg, one, devices=8, cache_dir=cache)
+  assert proc.returncode == 0, describe(proc)
+  full, resumed = _run_and_resume(cfg, tmp_path, steps=20, stop_at=10, cache=cache)
+  _assert_close_metrics(metric_rows(full), metric_rows(one))
+  _assert_params_close(_params(full, 20), _params(one, 20))
+  assert metric_rows(resumed) == metric_rows(full)
+  assert_trees_equal(load_state_here(resumed, 20), load_state_here(full, 20))
+  # The two-process checkpoint is an ordinary one: audited here, on one device.
+  from ceu_jax import audit_job  # pylint: disable=g-import-not-at-top
+  summary = audit_job.run_audit(_tiny_config(cfg), full, data_dir=str(tmp_path / "evalsets"),
+                                log=lambda s: None)
+  assert summary["train_run"]["checkpoint_step"] == 20
+
+
+def _tiny_config(path: str, **train):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("tiny_train_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  for k, v in train.items():
+    setattr(config.train, k, v)
+  return config
+
+
+def test_two_processes_tiny(tmp_path):
+  """CI version: 3 steps on 2 x 4 devices (eval at step 3), SIGTERM after step 2 (a
+  checkpoint from both processes), resume; equal to one device (this process) to 1e-5."""
+  from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
+  cfg = write_config(str(tmp_path))
+  steps = dict(num_steps=3, eval_every=3, checkpoint_every=10)
+  one = str(tmp_path / "one_device")
+  loop.train_and_evaluate(_tiny_config(cfg, **steps), one)
+  extra = [f"--config.train.{k}={v}" for k, v in steps.items()]
+  logs, two = str(tmp_path / "logs"), str(tmp_path / "two_processes")
+  res = _two(cfg, two, logs, *extra, "--config.train.debug_kill=sigterm:2", tag="stop")
+  assert [r.returncode for r in res] == [EXIT_PREEMPTED] * 2, describe_all(res)
+  assert "joined the cluster: process 1 of 2, 4 local / 8 global devices" in res[1].stderr
+  assert checkpoint_steps(two) == [2] and status(two)["status"] == "preempted"
+  _assert_both_wrote(two, 2)
+  res = _two(cfg, two, logs, *extra, tag="resume")
+  assert all(r.returncode == 0 for r in res), describe_all(res)
+  assert "resumed from checkpoint step 2" in res[1].stderr
+  assert status(two)["status"] == "completed"
+  _assert_both_wrote(two, 3)
+  _assert_close_metrics(metric_rows(two), metric_rows(one))
+  _assert_params_close(_params(two, 3), _params(one, 3))
+
+
+# ------------------------------------------------------------------ Cluster (no JAX use)
+def test_cluster_from_env():
+  c = cluster_lib.Cluster.from_env({"JAX_COORDINATOR_ADDRESS": "host0:1234",
+                                    "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"})
+  assert (c.coordinator_address, c.num_processes, c.process_id, c.multi) == (
+      "host0:1234", 4, 3, True)
+  assert cluster_lib.Cluster.from_env({"SLURM_NTASKS": "8"}).detect == "slurm"
+  assert cluster_lib.Cluster.from_env({"SLURM_NTASKS": "1"}).multi is False
+  assert cluster_lib.Cluster.from_env({"OMPI_COMM_WORLD_SIZE": "2"}).detect == "ompi"
+  assert cluster_lib.Cluster.from_env({}) == cluster_lib.Cluster()
+  assert not cluster_lib.join(None) and not cluster_lib.join(cluster_lib.Cluster())
+
+
+def test_cluster_flags_override_the_environment(monkeypatch):
+  monkeypatch.setenv("SLURM_NTASKS", "8")
+  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(k, raising=False)
+  assert cluster_lib.flag_values("", -1, -1).detect == "slurm"
+  c = cluster_lib.flag_values("localhost:999", 2, 1)
+  assert (c.detect, c.coordinator_address, c.num_processes, c.process_id) == (
+      "", "localhost:999", 2, 1)
+
+
+@pytest.mark.parametrize("kwargs, env, match", [
+    (dict(num_processes=2, process_id=2, coordinator_address="h:1"), None, "process_id must"),
+    (dict(num_processes=0), None, "num_processes must be >= 1"),
+    (dict(num_processes=2, process_id=0, coordinator_address="h"), None, "coordinator_address"),
+    (dict(detect="pbs"), None, "detect must be one of"),
+    (None, {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2"}, "JAX_PROCESS_ID"),
+    (None, {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two",
+            "JAX_PROCESS_ID": "0"}, "must be integers"),
+])
+def test_bad_cluster_is_refused_naming_the_field(kwargs, env, match):
+  with pytest.raises(cluster_lib.ClusterError, match=match):
+    if env is not None:
+      cluster_lib.Cluster.from_env(env)
+    else:
+      cluster_lib.Cluster(**kwargs).validate()
+
+
+def test_bad_cluster_flags_fail_before_jax_starts(tmp_path):
+  """A process_id outside [0, num_processes) is one error line, exit 1."""
+  cfg = write_config(str(tmp_path))
+  proc = run_train(cfg, str(tmp_path / "w"), "--coordinator_address=localhost:1",
+                   "--num_processes=2", "--process_id=5", timeout=120)
+  assert proc.returncode == 1
+  assert "process_id must be in [0, 1]" in proc.stderr
+  assert not os.path.exists(tmp_path / "w")
