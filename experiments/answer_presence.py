@@ -1,8 +1,11 @@
-"""Answer-presence audit and five-sentinel panel (SPEC §8.1).
+"""Answer-presence audit and five-sentinel panel (SPEC §8.1, issue #16).
 
   python -m experiments.answer_presence --config configs/answer_presence.py[:tiny] --workdir W
-Writes W/rows.csv, W/summary.json and W/report.md; interrupt and rerun freely
-(finished chunks under W/chunks are kept).
+
+The config selects the world (World A: ATR readers; World B: SmolLM2 on NQ /
+SQuAD; generated records with oracle readers) and its readers. Writes
+W/rows.csv, W/scores.csv, W/summary.json, W/report.md and the figures;
+interrupt and rerun freely (finished chunks under W/chunks are kept).
 """
 from absl import flags
 from ml_collections import config_flags
@@ -18,10 +21,17 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.', required=Tr
 def main(argv):
   del argv
   s = job.run_answer_presence(_CONFIG.value, _WORKDIR.value)
-  print(f"records {s['n_kept']} of {s['n_records']}, skipped {s['skipped']}, "
-        f"Δcausal {s['delta_causal']['value']}")
-  if 'verdicts' in s:
-    print(s['verdicts']['text'])
+  for b, x in s['baselines'].items():
+    if b != 'B1':
+      print(f"{b}: {x['n_kept']} records, skipped {x['skipped'] or 'none'}, buckets {x['buckets']}")
+  for name, r in s['readers'].items():
+    for b, cell in r['cells'].items():
+      d = cell['delta_causal']
+      v = 'n/a' if d['value'] is None else f"{d['value']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+      print(f"{name} {b}: Δcausal {v} (n={d['n']})")
+    if r['panel']:
+      print(f"{name} sentinel panel: {r['panel']['verdicts']['text']}")
+  print(f"report: {_WORKDIR.value}/report.md ({s['wall_s_this_run']:.0f} s this run)")
 
 
 if __name__ == '__main__':

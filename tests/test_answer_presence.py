@@ -201,7 +201,9 @@ def test_bad_input_is_counted_never_silent():
 def test_audit_package_never_imports_architectures():
   import subprocess
   import sys
-  code = ('import sys, ceu_jax.audits.answer_presence, ceu_jax.audits.sentinels, ceu_jax.audits.job;'
+  code = ('import sys, ceu_jax.audits.answer_presence, ceu_jax.audits.sentinels, ceu_jax.audits.job,'
+          ' ceu_jax.audits.atr_world, ceu_jax.audits.factqa_world, ceu_jax.audits.worlds,'
+          ' ceu_jax.audits.report, ceu_jax.audits.plots;'
           'print(sorted(m for m in sys.modules if m.split(".")[0] == "architectures"))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == '[]'

@@ -1,4 +1,4 @@
-"""The answer-presence entry point (:tiny, oracle readers): outputs, resume, bad config, CLI."""
+"""The answer-presence entry point: outputs, resume, bad config, CLI; World A `:tiny` (trains)."""
 from __future__ import annotations
 
 import csv
@@ -9,48 +9,121 @@ import sys
 
 import pytest
 
+from ceu_jax import workdir as workdir_lib
 from ceu_jax.audits import job
 from configs import answer_presence as cfg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_FIELDS = ('wall_s_this_run', 'reader_items_this_run')  # differ between a run and its resume
 
 
-def test_tiny_run_outputs_and_resume(tmp_path):
-  c = cfg.get_config('tiny')
+def _same(a, b):
+  strip = lambda s: {k: v for k, v in s.items() if k not in RUN_FIELDS}  # noqa: E731
+  return json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
+
+
+def test_generated_tiny_outputs_and_resume(tmp_path):
+  c = cfg.get_config('tiny,world=generated')
   w = str(tmp_path / 'w')
-  s = job.run_answer_presence(c, w)
-  assert s['n_kept'] == c.n_records and sum(s['buckets'].values()) == c.n_records
-  assert s['delta_causal']['value'] == -100.0 and s['verdicts']['c2a_pass']
+  s = job.run_answer_presence(c, w, log=lambda m: None)
+  b2 = s['baselines']['B2']
+  assert b2['n_kept'] == c.n_records and sum(b2['buckets'].values()) == c.n_records
+  cell = s['readers']['copy']['cells']['B2']
+  assert cell['delta_causal']['value'] == -100.0 and cell['identity_max_abs'] == 0.0
+  assert s['readers']['copy']['panel']['verdicts']['c2a_pass']
   rows = list(csv.DictReader(open(os.path.join(w, 'rows.csv'))))
   assert sum(r['edit'] == 'identity' for r in rows) == c.n_records
   assert all(float(r['delta']) == 0.0 for r in rows if r['edit'] == 'identity')
+  scores = list(csv.DictReader(open(os.path.join(w, 'scores.csv'))))
+  assert len(scores) == 2 * c.n_records  # B1 and B2
   assert 'Δcausal' in open(os.path.join(w, 'report.md')).read()
   chunks = sorted(os.listdir(os.path.join(w, 'chunks')))
+  assert len(chunks) == 4
   os.remove(os.path.join(w, 'chunks', chunks[1]))  # an interrupted run
-  s2 = job.run_answer_presence(c, w)
-  assert json.dumps(s2, sort_keys=True) == json.dumps(s, sort_keys=True)
-  assert json.load(open(os.path.join(w, 'summary.json')))['effects'] == s['effects']
+  s2 = job.run_answer_presence(c, w, log=lambda m: None)
+  assert _same(s, s2) and s2['reader_items_this_run'] < s['reader_items_this_run']
+  assert json.load(open(os.path.join(w, 'summary.json')))['readers'] == s['readers']
 
 
 def test_closed_book_reader_has_no_effects(tmp_path):
-  s = job.run_answer_presence(cfg.get_config('tiny,reader=closed_book'), str(tmp_path))
-  assert all(e['delta']['value'] == 0.0 for e in s['effects'])
+  s = job.run_answer_presence(cfg.get_config('tiny,world=generated,reader=closed_book'),
+                              str(tmp_path), log=lambda m: None)
+  effects = s['readers']['closed_book']['cells']['B2']['effects']
+  assert effects and all(e['delta']['value'] == 0.0 for e in effects)
 
 
-def test_bad_config_named():
-  with pytest.raises(ValueError, match='reader'):
-    job.run_answer_presence(cfg.get_config('tiny,reader=gpt'), '/nonexistent-never-created')
+def test_bad_config_named(tmp_path):
+  with pytest.raises(ValueError, match='config.reader'):
+    job.run_answer_presence(cfg.get_config('tiny,world=generated,reader=gpt'),
+                            str(tmp_path / 'never'))
+  assert not os.path.exists(tmp_path / 'never')  # refused before anything is written
   with pytest.raises(ValueError, match='variant'):
     cfg.get_config('huge')
+  with pytest.raises(ValueError, match='world'):
+    cfg.get_config('tiny,world=mars')
+  c = cfg.get_config('tiny')
+  c.atr.families = ('attention', 'rnn')
+  with pytest.raises(ValueError, match='config.atr.families'):
+    job.run_answer_presence(c, str(tmp_path / 'never'))
+  c = cfg.get_config('tiny')
+  c.atr.p_drop = 1.5
+  with pytest.raises(ValueError, match='config.atr.p_drop'):
+    job.run_answer_presence(c, str(tmp_path / 'never'))
+  # another config in a used workdir is refused, naming the field
+  w = str(tmp_path / 'w')
+  job.run_answer_presence(cfg.get_config('tiny,world=generated'), w, log=lambda m: None)
+  with pytest.raises(workdir_lib.WorkdirConfigError, match='n_records'):
+    job.run_answer_presence(cfg.get_config('tiny,world=generated,n_records=100'), w)
 
 
 def test_cli_tiny(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT)
   p = subprocess.run([sys.executable, '-m', 'experiments.answer_presence',
-                      '--config=configs/answer_presence.py:tiny', f'--workdir={tmp_path}'],
-                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                      '--config=configs/answer_presence.py:tiny,world=generated',
+                      f'--workdir={tmp_path}'],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, p.stderr
-  assert 'C2a PASS (4/4), C2b PASS' in p.stdout
-  assert sorted(f for f in os.listdir(tmp_path) if f != 'chunks') == [
-      'effects.pdf', 'effects.png', 'panel.pdf', 'panel.png', 'report.md', 'rows.csv',
-      'summary.json']
+  assert 'copy sentinel panel: C2a PASS (4/4), C2b PASS' in p.stdout
+  assert 'copy B2: Δcausal -100.00 [-100.00, -100.00]' in p.stdout
+  assert sorted(f for f in os.listdir(tmp_path) if f not in ('chunks',)) == [
+      '.answer_presence.lock', 'config.json', 'effects.pdf', 'effects.png', 'panel.pdf',
+      'panel.png', 'report.md', 'rows.csv', 'scores.csv', 'summary.json']
+  p = subprocess.run([sys.executable, '-m', 'experiments.answer_presence',
+                      '--config=configs/answer_presence.py:tiny,world=generated,reader=gpt',
+                      f'--workdir={tmp_path}/x'],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 1 and 'config.reader must be one of' in p.stderr
+
+
+def cfg_vocab(c):
+  from ceu_jax.data import tasks
+  return tasks.data_config(c.atr.train.data).vocab.token_strings()
+
+
+def test_world_a_tiny_trains_audits_and_resumes(tmp_path):
+  """`:tiny` (World A): attention trained 10 steps as in the smoke grid, 64 records."""
+  c = cfg.get_config('tiny')
+  c.chunk_size = 32
+  w = str(tmp_path)
+  logs = []
+  s = job.run_answer_presence(c, w, log=logs.append)
+  assert any('training attention' in m for m in logs)
+  assert s['training']['attention']['completed'] and s['training']['attention']['checkpoint_step'] == 10
+  for b in ('B2', 'B3', 'B4'):
+    x = s['baselines'][b]
+    assert x['n_kept'] + sum(x['skipped'].values()) == c.n_records
+    assert sum(x['buckets'].values()) == sum(x['buckets_companion'].values()) == x['n_kept']
+    cell = s['readers']['attention']['cells'][b]
+    assert cell['identity_max_abs'] == 0.0 and cell['delta_causal']['n'] == x['buckets']['1→1']
+    assert 'delta_causal_ll' in cell
+  assert s['readers']['attention']['panel']['verdicts']['text'].startswith('C2a')
+  rows = list(csv.DictReader(open(os.path.join(w, 'rows.csv'))))
+  assert {r['edit'] for r in rows} == {'remove', 'placebo', 'insert_prepend', 'insert_mid',
+                                       'identity'}
+  vocab = set(cfg_vocab(c))
+  assert all(set(r['answer'].split()) <= vocab for r in rows)  # decoded answer tokens
+  os.remove(os.path.join(w, 'chunks', 'attention_0001.json'))
+  logs.clear()
+  s2 = job.run_answer_presence(c, w, log=logs.append)
+  assert not any('training' in m for m in logs)  # the trained reader is reused
+  assert _same(s, s2)

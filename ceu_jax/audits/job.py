@@ -1,14 +1,24 @@
-"""The answer-presence job: records → audit rows → rows.csv, summary.json, report.md.
+"""The answer-presence job: world → records per baseline → audit rows → outputs.
 
   run_answer_presence(config, workdir)   # experiments/answer_presence.py calls this
 
-World 'generated': seeded text records (gold answers planted 1-3 times, or
-absent, in a raw and a compiled context) — exact ground truth for the
-pipeline; readers are the oracles of `ceu_jax.readers.oracles` ('copy': uses
-its evidence; 'closed_book': ignores it). Work is done in chunks of records
-saved under W/chunks (atomically); a rerun skips finished chunks (resumable).
-Outputs (rows.csv, summary.json, report.md, effects.png/pdf, panel.png/pdf)
-are written atomically (ceu_jax.io).
+Worlds (config.world; configs/answer_presence.py documents every field):
+  atr        World A: ATR-insert raw contexts, line-filter rewriters B2-B4, the
+             three families trained as in the smoke grid (ceu_jax.audits.trained);
+  factqa     World B: NQ / SQuAD items, rewriters A / B (SmolLM2) / B4 and a
+             question-blind control, SmolLM2 as the reader;
+  generated  seeded text records with oracle readers (exact known answers).
+
+Work is done in chunks of records per reader, each saved under W/chunks
+(atomically); a rerun skips finished chunks and continues (resumable). The
+config is checked against W/config.json first (a different config is refused,
+naming the fields), and W/.answer_presence.lock keeps a second job out.
+Outputs, all written atomically (ceu_jax.io):
+  rows.csv       one row per (reader, baseline, record, edit)
+  scores.csv     one row per (reader, baseline, record): bucket, F1, answer
+  summary.json   buckets, skips, baseline F1, effects, Δcausal, panels, verdicts
+  report.md      the tables (ceu_jax.audits.report) and the figures
+  effects.png/pdf, panel.png/pdf
 """
 from __future__ import annotations
 
@@ -16,151 +26,220 @@ import csv
 import io as _io
 import json
 import os
-import random
-from typing import Sequence
+import time
+from typing import Any, Callable, Sequence
 
 import numpy as np
-from absl import logging
 
 from ceu_jax import io
+from ceu_jax import workdir as workdir_lib
 from ceu_jax.audits import answer_presence as ap
-from ceu_jax.audits import plots
+from ceu_jax.audits import plots, report
 from ceu_jax.audits import sentinels as sp
+from ceu_jax.audits import worlds
+from ceu_jax.metrics.resampling import mean_ci
 from ceu_jax.progress import Progress
-from ceu_jax.readers.oracles import ClosedBookOracle, CopyOracle, question_of
 
-WORLDS = ('generated',)
-READERS = ('copy', 'closed_book')
-_LETTERS = 'bcdefghijlnoprtuvwxyz'  # no letter of '[mask]'
-
-
-def generated_records(n: int, seed: int, p_raw: float = 0.7, p_keep: float = 0.8,
-                      p_surface: float = 0.2) -> list[ap.Record]:
-  """n text records; raw holds the gold with p_raw, the compile keeps it with p_keep
-  (surfaces it when raw lacks it with p_surface); coincidental case changes included."""
-  rng = random.Random(seed)
-
-  def word():
-    return ''.join(rng.choice(_LETTERS) for _ in range(rng.randint(3, 7)))
-
-  def text(words, gold, has):
-    words = list(words)
-    for _ in range(rng.randint(1, 3) if has else 0):
-      words.insert(rng.randint(0, len(words)), gold.upper() if rng.random() < 0.3 else gold)
-    out, k = [], 0
-    while k < len(words):
-      m = rng.randint(3, 8)
-      out.append(' '.join(words[k:k + m]) + '.')
-      k += m
-    return ' '.join(out)
-
-  recs = []
-  for i in range(n):
-    gold = ' '.join(word() for _ in range(rng.randint(1, 3)))
-    filler = [word() for _ in range(rng.randint(12, 40))]
-    raw_has = rng.random() < p_raw
-    comp_has = rng.random() < (p_keep if raw_has else p_surface)
-    recs.append(ap.Record(f'g{seed}-{i}', f'what is item {i}', (gold,),
-                          text(filler[::-1], gold, comp_has), text(filler, gold, raw_has)))
-  return recs
+ROW_COLUMNS = ('reader', 'baseline', 'id', 'bucket', 'edit', 'f1_orig', 'f1_edit', 'delta',
+               'll_orig', 'll_edit', 'dll', 'answer', 'placebo_spans', 'appended', 'residual')
+SCORE_COLUMNS = ('reader', 'baseline', 'id', 'bucket', 'bucket_companion', 'f1', 'loglik',
+                 'answer')
+FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
-def make_reader(name: str, records: Sequence[ap.Record]):
-  """An oracle reader over the records' golds (see module doc)."""
-  if name == 'copy':
-    return CopyOracle(candidates={r.id: list(r.golds) for r in records})
-  if name == 'closed_book':  # knows every other item's answer
-    return ClosedBookOracle(table={question_of(ap.default_prompt('x', r.question)): r.golds[0]
-                                   for r in records[::2]})
-  raise ValueError(f'config.reader must be one of {READERS}, got {name!r}')
+def _check_config(config, workdir: str) -> None:
+  stored = workdir_lib.read_config_json(workdir)
+  if stored is None:
+    return
+  diff = [d for d in workdir_lib.config_diff(stored, config)
+          if not any(d[0] == f or d[0].startswith(f + '.') for f in FREE_FIELDS)]
+  if diff:
+    raise workdir_lib.WorkdirConfigError(
+        f'{workdir} holds an answer-presence run of a different config: '
+        f'{workdir_lib.format_diff(diff)}. Use another --workdir (its finished chunks '
+        'belong to that config).', diff)
 
 
-def _check(config) -> None:
-  if config.world not in WORLDS:
-    raise ValueError(f'config.world must be one of {WORLDS}, got {config.world!r}')
-  if config.reader not in READERS:
-    raise ValueError(f'config.reader must be one of {READERS}, got {config.reader!r}')
-  for k in ('n_records', 'chunk_size', 'max_new_tokens'):
-    if int(config[k]) < 1:
-      raise ValueError(f'config.{k} must be >= 1, got {config[k]}')
+def audit_chunk(reader, medium, by_baseline: dict, *, loglik: bool,
+                identity_baselines: Sequence[str]) -> dict:
+  """Everything one reader gives on one chunk of records (JSON-able).
 
-
-def _chunk(reader, recs, config) -> dict:
-  kw = dict(max_new_tokens=config.max_new_tokens)
-  rows = ap.run_audit(reader, recs, sentinel=config.sentinel, **kw)
-  for x in rows:
-    x.pop('context')
-  f1 = sp.panel_f1(reader, recs, **kw) if any(ap.present(r.context, r.golds) for r in recs) else None
-  if f1 is not None:
-    f1 = {k: [float(v) if not isinstance(v, str) else v for v in vals] for k, vals in f1.items()}
-  return dict(rows=rows, panel=f1)
-
-
-def run_answer_presence(config, workdir: str) -> dict:
-  """Run (or resume) the audit; returns the summary dict (also in W/summary.json)."""
-  _check(config)
-  os.makedirs(os.path.join(workdir, 'chunks'), exist_ok=True)
-  records = generated_records(config.n_records, config.seed)
-  v = ap.validate(records, max_context_chars=config.max_context_chars or None)
-  reader = make_reader(config.reader, v.kept)
-  chunks = [v.kept[k:k + config.chunk_size] for k in range(0, len(v.kept), config.chunk_size)]
-  paths = [os.path.join(workdir, 'chunks', f'{k:05d}.json') for k in range(len(chunks))]
-  done = sum(os.path.exists(p) for p in paths)
-  prog = Progress(total=len(chunks), done=done)
-  for k, (recs, path) in enumerate(zip(chunks, paths)):
-    if os.path.exists(path):
+  by_baseline: {'B1': raw records, 'B2': ..., ...}. Per baseline: skipped ids
+  per reason, per-record (bucket, companion bucket, F1, log-lik, answer) and,
+  for every baseline but B1, the audit rows; the sentinel panel on B2.
+  """
+  scorer = ap.Scorer(reader, medium, loglik=loglik)
+  out: dict = dict(skipped={}, scores={}, rows={}, panel=None)
+  for b, recs in by_baseline.items():
+    v = ap.validate(recs, medium=medium)
+    out['skipped'][b] = {k: [str(i) for i in ids] for k, ids in v.skipped_ids.items()}
+    res = scorer.results(v.kept, [r.context for r in v.kept])
+    out['scores'][b] = [dict(id=str(r.id), bucket=ap.bucket(r, medium),
+                             bucket_companion=ap.bucket(r, medium, companion=True),
+                             f1=x[0], loglik=x[1], answer=x[2]) for r, x in zip(v.kept, res)]
+    if b == 'B1':
       continue
-    io.write_json_atomic(path, _chunk(reader, recs, config))
-    done += 1
-    logging.info('chunk %d/%d (%s)', done, len(chunks), prog.update(done))
-  parts = [io.read_json(p) for p in paths]
-  rows = [x for p in parts for x in p['rows']]
-  eff = ap.effects(rows, seed=config.bootstrap_seed)
-  causal = ap.delta_causal(rows, seed=config.bootstrap_seed)
-  summary = dict(
-      config=config.to_dict(), n_records=len(records), n_kept=len(v.kept),
-      skipped=dict(v.skipped), skipped_ids={k: [str(i) for i in x] for k, x in v.skipped_ids.items()},
-      buckets=ap.bucket_counts(v.kept),
-      buckets_normalized=ap.bucket_counts(v.kept, normalized=True),  # companion presence
-      effects=[dict(edit=x['edit'], bucket=x['bucket'], n=x['n'], f1=x['f1'].to_dict(),
-                    delta=x['delta'].to_dict()) for x in eff],
-      delta_causal=causal.to_dict(),
-      appended_insert_mid=sum(1 for x in rows if x['edit'] == 'insert_mid' and x['appended']),
-      remove_residual=sum(1 for x in rows if x['edit'] == 'remove' and x['residual']),
-      # rows with a remove but no placebo (no room for a non-answer span): out of Δcausal
-      placebo_missing=(sum(x['edit'] == 'remove' for x in rows)
-                       - sum(x['edit'] == 'placebo' for x in rows)))
-  report = ['# Answer-presence audit', '',
-            f"world {config.world}, reader {config.reader}: {len(v.kept)} of {len(records)} "
-            f"records kept; skipped {dict(v.skipped) or 'none'}", '',
-            f"buckets: {summary['buckets']} (SQuAD-normalised word match: "
-            f"{summary['buckets_normalized']})", '', ap.effects_table(eff, causal)]
-  panels = [p['panel'] for p in parts if p['panel']]
+    rows = ap.run_audit(reader, v.kept, scorer=scorer, identity=b in identity_baselines)
+    for x in rows:
+      x.pop('context')
+      x['id'] = str(x['id'])
+    out['rows'][b] = rows
+    if b == 'B2':
+      f1 = sp.panel_f1(reader, v.kept, scorer=scorer)
+      out['panel'] = {k: ([str(i) for i in val] if k in ('ids', 'no_placebo')
+                          else np.asarray(val, np.float64).tolist()) for k, val in f1.items()}
+  out['calls'] = scorer.calls
+  return out
+
+
+def _summarise_reader(parts: Sequence[dict], baselines: Sequence[str], seed: int) -> dict:
+  scores = {b: [s for p in parts for s in p['scores'].get(b, [])] for b in baselines}
+  out: dict = dict(baseline_f1={}, baseline_loglik={}, cells={}, panel=None)
+  for b in baselines:
+    f1 = np.asarray([s['f1'] for s in scores[b]], np.float64)
+    out['baseline_f1'][b] = mean_ci(f1, seed=seed).to_dict()
+    ll = [s['loglik'] for s in scores[b] if s['loglik'] is not None]
+    if ll:
+      out['baseline_loglik'][b] = mean_ci(np.asarray(ll, np.float64), seed=seed).to_dict()
+  for b in baselines:
+    if b == 'B1':
+      continue
+    rows = [x for p in parts for x in p['rows'].get(b, [])]
+    eff = ap.effects(rows, seed=seed)
+    cell = dict(effects=[{k: (v.to_dict() if hasattr(v, 'to_dict') else v) for k, v in e.items()}
+                         for e in eff],
+                delta_causal=ap.delta_causal(rows, seed=seed).to_dict(),
+                remove_residual=sum(1 for x in rows if x['edit'] == 'remove' and x['residual']),
+                placebo_missing=(sum(x['edit'] == 'remove' for x in rows)
+                                 - sum(x['edit'] == 'placebo' for x in rows)),
+                appended_insert_mid={bk: sum(1 for x in rows if x['edit'] == 'insert_mid'
+                                             and x['appended'] and x['bucket'] == bk)
+                                     for bk in ap.BUCKETS},
+                identity_max_abs=max((abs(x['delta']) for x in rows if x['edit'] == 'identity'),
+                                     default=None))
+    if rows and 'dll' in rows[0]:
+      cell['delta_causal_ll'] = ap.delta_causal(rows, seed=seed, key='dll').to_dict()
+    out['cells'][b] = cell
+  panels = [p['panel'] for p in parts if p['panel'] and p['panel']['ids']]
   if panels:
     f1 = {c: np.concatenate([np.asarray(p[c], np.float64) for p in panels])
           for c in ('B1', 'B2', *sp.SENTINELS, 'PLACEBO')}
-    prow, verdicts = sp.panel(f1, seed=config.bootstrap_seed)
-    summary['panel'] = [dict(condition=x['condition'], f1=x['f1'].to_dict(), vs=x['vs'],
-                             delta=None if x['delta'] is None else x['delta'].to_dict())
-                        for x in prow]
-    summary['verdicts'] = dict(E=verdicts.E, passed=verdicts.passed, c2a_pass=verdicts.c2a_pass,
-                               c2b_pass=verdicts.c2b_pass, d={s: a.to_dict() for s, a in verdicts.d.items()},
-                               c2b_d=verdicts.c2b_d.to_dict(), text=verdicts.summary())
-    report += ['', '## Sentinel panel (compiled context holds the gold)', '',
-               sp.panel_table(prow, verdicts)]
+    prow, v = sp.panel(f1, seed=seed)
+    out['panel'] = dict(
+        rows=[dict(condition=x['condition'], f1=x['f1'].to_dict(), vs=x['vs'],
+                   delta=None if x['delta'] is None else x['delta'].to_dict()) for x in prow],
+        verdicts=dict(E=v.E, passed=v.passed, n_pass=v.n_pass, c2a_pass=v.c2a_pass,
+                      c2b_pass=v.c2b_pass, d={s: a.to_dict() for s, a in v.d.items()},
+                      c2b_d=v.c2b_d.to_dict(), text=v.summary()),
+        no_placebo=sum(len(p['no_placebo']) for p in panels))
+  return out
+
+
+def _baselines_section(parts: Sequence[dict], baselines: Sequence[str]) -> dict:
+  """Buckets and skips per baseline (from the first reader's chunks: they do not depend on it)."""
+  out = {}
+  for b in baselines:
+    sc = [s for p in parts for s in p['scores'].get(b, [])]
+    skipped: dict = {}
+    for p in parts:
+      for reason, ids in p['skipped'].get(b, {}).items():
+        skipped.setdefault(reason, []).extend(ids)
+    out[b] = dict(n_kept=len(sc), skipped={k: len(v) for k, v in skipped.items()},
+                  skipped_ids=skipped,
+                  buckets={k: sum(s['bucket'] == k for s in sc) for k in ap.BUCKETS},
+                  buckets_companion={k: sum(s['bucket_companion'] == k for s in sc)
+                                     for k in ap.BUCKETS})
+  return out
+
+
+def _csv(path: str, columns: Sequence[str], rows: Sequence[dict]) -> None:
   buf = _io.StringIO()
-  cols = ['id', 'bucket', 'edit', 'f1_orig', 'f1_edit', 'delta', 'placebo_spans', 'appended',
-          'residual']
-  w = csv.DictWriter(buf, fieldnames=cols)
+  w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction='ignore')
   w.writeheader()
-  w.writerows({c: x[c] for c in cols} for x in rows)
-  io.write_text_atomic(os.path.join(workdir, 'rows.csv'), buf.getvalue())
-  if config.plots:
-    plots.effects_figure(summary['effects'], os.path.join(workdir, 'effects'))
-    report += ['', '![effects](effects.png)']
-    if 'panel' in summary:
-      plots.panel_figure(summary['panel'], summary['verdicts']['text'], os.path.join(workdir, 'panel'))
-      report += ['', '![sentinel panel](panel.png)']
-  io.write_json_atomic(os.path.join(workdir, 'summary.json'), json.loads(json.dumps(summary)))
-  io.write_text_atomic(os.path.join(workdir, 'report.md'), '\n'.join(report) + '\n')
+  w.writerows(rows)
+  io.write_text_atomic(path, buf.getvalue())
+
+
+def run_answer_presence(config, workdir: str, log: Callable[[str], None] = print) -> dict:
+  """Run (or resume) the audit; returns the summary dict (also in W/summary.json)."""
+  world = worlds.make(config)  # validates the config before anything is built or written
+  os.makedirs(os.path.join(workdir, 'chunks'), exist_ok=True)
+  _check_config(config, workdir)
+  t0 = time.time()
+  with workdir_lib.WorkdirLock(workdir, 'answer_presence'):
+    if workdir_lib.read_config_json(workdir) is None:
+      io.write_json_atomic(os.path.join(workdir, workdir_lib.CONFIG_FILE), config.to_dict())
+    world.prepare(workdir, log)
+    units = [(name, k) for name in world.readers for k in range(world.n_chunks)]
+    paths = {u: os.path.join(workdir, 'chunks', f'{u[0]}_{u[1]:04d}.json') for u in units}
+    done = sum(os.path.exists(p) for p in paths.values())
+    prog = Progress(total=len(units), done=done)
+    log(f'answer presence ({config.world}): {len(units)} chunks, {done} done before')
+    calls = 0
+    for u in units:
+      if os.path.exists(paths[u]):
+        continue
+      part = world.chunk(u[0], u[1])
+      calls += part['calls']
+      io.write_json_atomic(paths[u], part)
+      done += 1
+      log(f'chunk {done}/{len(units)} ({u[0]} #{u[1]}, {part["calls"]} reader items; '
+          f'{prog.update(done)})')
+    parts = {name: [io.read_json(paths[(name, k)]) for k in range(world.n_chunks)]
+             for name in world.readers}
+    summary = _summarise(config, world, parts)
+    summary['wall_s_this_run'] = round(time.time() - t0, 1)
+    summary['reader_items_this_run'] = calls
+    _write_outputs(config, workdir, world, parts, summary)
   return summary
+
+
+def _summarise(config, world, parts: dict) -> dict:
+  first = parts[world.readers[0]]
+  summary = dict(world=config.world, config=config.to_dict(), n_records=world.n_records,
+                 baselines=_baselines_section(first, world.baselines),
+                 readers={name: _summarise_reader(parts[name], world.baselines,
+                                                  config.bootstrap_seed)
+                          for name in world.readers})
+  summary.update(world.extra_summary(first))
+  return json.loads(json.dumps(summary))
+
+
+def _write_outputs(config, workdir: str, world, parts: dict, summary: dict) -> None:
+  rows, scores = [], []
+  for name, ps in parts.items():
+    for p in ps:
+      for b, xs in p['rows'].items():
+        rows += [dict(x, reader=name, baseline=b) for x in xs]
+      for b, xs in p['scores'].items():
+        scores += [dict(x, reader=name, baseline=b) for x in xs]
+  _csv(os.path.join(workdir, 'rows.csv'), ROW_COLUMNS, rows)
+  _csv(os.path.join(workdir, 'scores.csv'), SCORE_COLUMNS, scores)
+  rd = summary['readers']
+  md = [f'# Answer-presence audit ({world.title})', '', world.describe(summary), '',
+        '## Buckets per baseline', '', report.buckets_table(summary['baselines'],
+                                                            world.companion_name), '',
+        '## Reader score per baseline (token F1 × 100)', '',
+        report.baseline_table(rd, world.baselines), '',
+        '## Remove vs placebo on 1→1 (Table-1 style)', '', report.causal_table(rd), '',
+        '## Inserting the gold into compiles that lack it', '', report.insert_table(rd)]
+  if any(c.get('delta_causal_ll') for r in rd.values() for c in r['cells'].values()):
+    md += ['', '## Gold log-likelihood change (continuous companion)', '',
+           report.loglik_table(rd)]
+  for name, r in rd.items():
+    if r['panel']:
+      md += ['', f'## Sentinel panel: {name} (B2, compile holds the gold)', '',
+             report.panel_table(r['panel'])]
+  md += world.extra_report(summary)
+  if config.plots:
+    plots.effects_figure(rd, os.path.join(workdir, 'effects'))
+    md += ['', '![effects](effects.png)']
+    if any(r['panel'] for r in rd.values()):
+      plots.panel_figure(rd, os.path.join(workdir, 'panel'))
+      md += ['', '![sentinel panel](panel.png)']
+  md += ['', '## Every edit and bucket']
+  for name, r in rd.items():
+    for b, cell in r['cells'].items():
+      md += ['', f'### {name} / {b}', '', report.cell_table(cell)]
+  io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
+  io.write_text_atomic(os.path.join(workdir, 'report.md'), '\n'.join(md) + '\n')

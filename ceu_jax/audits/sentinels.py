@@ -11,20 +11,14 @@ no CI (a fixture of published means) counts as a CI that excludes 0.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
 from ceu_jax.audits import answer_presence as ap
 from ceu_jax.metrics.resampling import Aggregate, mean_ci, paired_difference_ci
 
-SENTINELS = {  # panel name -> sentinel string
-    '[MASK]': '[MASK]',
-    '[REMOVED]': '[REMOVED]',
-    'natural': 'the answer was removed',
-    'word': 'thing',
-    'symbol': '###',
-}
+SENTINELS = ap.TEXT_SENTINELS  # panel name -> text sentinel (ATR: atr_world.ATR_SENTINELS)
 ALTERNATIVES = ('[REMOVED]', 'natural', 'word', 'symbol')
 C2A_ABS = 1.0  # |d_s| below this passes
 C2A_REL = 0.20  # |d_s| below this fraction of |E| passes
@@ -69,25 +63,37 @@ def decide_from_means(means: Mapping[str, float]) -> Verdicts:
   return decide(E, d, Aggregate(means['B2'] - means['PLACEBO'], None, None, 0))
 
 
-def panel_f1(reader, records: Sequence[ap.Record], **score_kwargs) -> dict:
+def panel_f1(reader, records: Sequence[ap.Record], *, medium=None,
+             scorer: Optional[ap.Scorer] = None, **text_kwargs) -> dict:
   """F1 × 100 [n] per condition on the records whose compiled context holds the gold.
 
-  Returns {'ids', 'B1', 'B2', five sentinels, 'PLACEBO', 'placebo_spans'}.
-  Records without raw_context are rejected (B1 needs it).
+  Returns {'ids', 'B1', 'B2', five sentinels, 'PLACEBO', 'placebo_spans'} and
+  'no_placebo' (ids left out: no room for a non-answer span, so PLACEBO would
+  be B2 itself). The sentinels are `medium.for_panel()`'s (on ATR every arm is
+  padded to the longest sentinel). Records without raw_context are rejected (B1
+  needs it). `scorer` shares answers with the main audit (same reader).
   """
-  recs = [r for r in records if ap.present(r.context, r.golds)]
+  if scorer is None:
+    medium = medium or (ap.TextMedium(**text_kwargs) if text_kwargs else ap.TEXT)
+    scorer = ap.Scorer(reader, medium)
+  pm = scorer.medium.for_panel()
+  recs = [r for r in records if pm.present(r.context, r.golds)]
   missing = [r.id for r in recs if r.raw_context is None]
   if missing:
     raise ValueError(f'raw_context is required for the sentinel panel; missing for ids {missing[:10]}')
-  out = {'ids': [r.id for r in recs]}
-  out['B1'] = ap.answer_f1(reader, recs, [r.raw_context for r in recs], **score_kwargs)
-  out['B2'] = ap.answer_f1(reader, recs, [r.context for r in recs], **score_kwargs)
-  for name, s in SENTINELS.items():
-    out[name] = ap.answer_f1(reader, recs, [ap.remove(r.context, r.golds, s) for r in recs],
-                             **score_kwargs)
-  pl = [ap.placebo(r.context, r.golds, r.id, '[MASK]') for r in recs]
-  out['PLACEBO'] = ap.answer_f1(reader, recs, [t for t, _ in pl], **score_kwargs)
-  out['placebo_spans'] = np.array([k for _, k in pl])
+  pl = {r.id: pm.placebo(r.context, r.golds, r.id, pm.sentinels['[MASK]']) for r in recs}
+  out = {'no_placebo': [r.id for r in recs if pl[r.id][1] == 0]}
+  recs = [r for r in recs if pl[r.id][1] > 0]
+  out['ids'] = [r.id for r in recs]
+
+  def f1(contexts):
+    return scorer(recs, contexts)[0]
+  out['B1'] = f1([r.raw_context for r in recs])
+  out['B2'] = f1([r.context for r in recs])
+  for name, s in pm.sentinels.items():
+    out[name] = f1([pm.remove(r.context, r.golds, s) for r in recs])
+  out['PLACEBO'] = f1([pl[r.id][0] for r in recs])
+  out['placebo_spans'] = np.array([pl[r.id][1] for r in recs])
   return out
 
 
@@ -107,7 +113,7 @@ def panel(f1: Mapping[str, np.ndarray], *, seed: int = ap.CI_SEED) -> tuple[list
 
 def panel_table(rows: Sequence[dict], verdicts: Verdicts) -> str:
   """Markdown table of the panel, with E and the verdicts beneath."""
-  fmt = ap._fmt  # noqa: SLF001 (same formatting as the effects table)
+  fmt = ap.fmt
   lines = ['| condition | n | F1 | Δ (vs) [95% CI] |', '|---|---:|---:|---|']
   for x in rows:
     delta = '—' if x['delta'] is None else f"{fmt(x['delta'])} (vs {x['vs']})"

@@ -1,0 +1,131 @@
+"""Markdown tables of an answer-presence summary (the dict `ceu_jax.audits.job` writes).
+
+Every table reads only the JSON-able summary, so W/report.md can be redrawn
+from W/summary.json. Aggregates are dicts {value, ci_low, ci_high, n}.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+from ceu_jax.audits import answer_presence as ap
+from ceu_jax.metrics.resampling import Aggregate
+
+KEY_EFFECTS = (('remove', '1→1'), ('placebo', '1→1'), ('insert_prepend', '0→0'),
+               ('insert_mid', '0→0'))  # the headline (edit, bucket) pairs
+
+
+def agg(d: Optional[Mapping]) -> Aggregate:
+  if not d:
+    return Aggregate(None, None, None, 0)
+  return Aggregate(d['value'], d['ci_low'], d['ci_high'], d['n'])
+
+
+def fmt(d: Optional[Mapping]) -> str:
+  return ap.fmt(agg(d))
+
+
+def _mean(d: Optional[Mapping]) -> str:
+  a = agg(d)
+  return '—' if a.value is None else f'{a.value:.2f} [{a.ci_low:.2f}, {a.ci_high:.2f}]'
+
+
+def effect(cell: Mapping, edit: str, bucket: str) -> Optional[dict]:
+  for e in cell['effects']:
+    if e['edit'] == edit and e['bucket'] == bucket:
+      return e
+  return None
+
+
+def buckets_table(baselines: Mapping, companion_name: str) -> str:
+  """Records kept and skipped, and bucket counts (present rule; companion rule) per baseline."""
+  lines = ['| baseline | kept | skipped | 0→0 | 0→1 | 1→1 | 1→0 | ' + companion_name
+           + ' (0→0 / 0→1 / 1→1 / 1→0) |', '|---|---:|---|---:|---:|---:|---:|---|']
+  for b, x in baselines.items():
+    if b == 'B1':
+      continue
+    c = x['buckets']
+    comp = ' / '.join(str(x['buckets_companion'][k]) for k in ap.BUCKETS)
+    lines.append(f"| {b} | {x['n_kept']} | {dict(x['skipped']) or '—'} | "
+                 + ' | '.join(str(c[k]) for k in ap.BUCKETS) + f' | {comp} |')
+  return '\n'.join(lines)
+
+
+def baseline_table(readers: Mapping, baselines: Sequence[str], what: str = 'F1') -> str:
+  """Mean score (95% CI) per reader and baseline (the rewriter gain the audit explains)."""
+  lines = ['| reader | ' + ' | '.join(baselines) + ' |', '|---|' + '---|' * len(baselines)]
+  for name, r in readers.items():
+    lines.append(f'| {name} | ' + ' | '.join(_mean(r['baseline_f1'].get(b)) for b in baselines)
+                 + ' |')
+  return '\n'.join(lines)
+
+
+def causal_table(readers: Mapping) -> str:
+  """Table-1 style: Δremove, Δplacebo on 1→1 and Δcausal with its paired CI."""
+  ll = any(c.get('delta_causal_ll') for r in readers.values() for c in r['cells'].values())
+  lines = ['| reader | baseline | n_pair | Δremove (1→1) | Δplacebo (1→1) | Δcausal [95% CI] |'
+           + (' Δcausal log-lik [95% CI] |' if ll else ''),
+           '|---|---|---:|---|---|---|' + ('---|' if ll else '')]
+  for name, r in readers.items():
+    for b, cell in r['cells'].items():
+      rem, pla = effect(cell, 'remove', '1→1'), effect(cell, 'placebo', '1→1')
+      lines.append(f"| {name} | {b} | {cell['delta_causal']['n']} | "
+                   f"{fmt(rem and rem['delta'])} | {fmt(pla and pla['delta'])} | "
+                   f"**{fmt(cell['delta_causal'])}** |"
+                   + (f" {fmt(cell.get('delta_causal_ll'))} |" if ll else ''))
+  return '\n'.join(lines)
+
+
+def insert_table(readers: Mapping) -> str:
+  """insert_prepend / insert_mid Δ on 0→0 (the headline) and on 1→0."""
+  lines = ['| reader | baseline | bucket | n | insert_prepend Δ | insert_mid Δ | mid appended |',
+           '|---|---|---|---:|---|---|---:|']
+  for name, r in readers.items():
+    for b, cell in r['cells'].items():
+      for bk in ('0→0', '1→0'):
+        pre, mid = effect(cell, 'insert_prepend', bk), effect(cell, 'insert_mid', bk)
+        n = (pre or mid or {'n': 0})['n']
+        lines.append(f"| {name} | {b} | {bk} | {n} | {fmt(pre and pre['delta'])} | "
+                     f"{fmt(mid and mid['delta'])} | {cell['appended_insert_mid'].get(bk, 0)} |")
+  return '\n'.join(lines)
+
+
+def loglik_table(readers: Mapping) -> str:
+  """The continuous companion: mean Δ gold log-likelihood per edit and bucket."""
+  lines = ['| reader | baseline | ' + ' | '.join(f'{e} {b}' for e, b in KEY_EFFECTS) + ' |',
+           '|---|---|' + '---|' * len(KEY_EFFECTS)]
+  for name, r in readers.items():
+    for b, cell in r['cells'].items():
+      vals = []
+      for e, bk in KEY_EFFECTS:
+        x = effect(cell, e, bk)
+        vals.append(fmt(x and x.get('dll')))
+      lines.append(f'| {name} | {b} | ' + ' | '.join(vals) + ' |')
+  return '\n'.join(lines)
+
+
+def panel_table(panel: Mapping) -> str:
+  """One reader's sentinel panel and its verdicts."""
+  lines = ['| condition | n | F1 | Δ (vs) [95% CI] |', '|---|---:|---:|---|']
+  for x in panel['rows']:
+    delta = '—' if x['delta'] is None else f"{fmt(x['delta'])} (vs {x['vs']})"
+    lines.append(f"| {x['condition']} | {x['f1']['n']} | {x['f1']['value']:.2f} | {delta} |")
+  v = panel['verdicts']
+  lines += ['', f"E = {v['E']:+.2f}; " + ', '.join(
+      f"d[{s}] = {fmt(a)} {'pass' if v['passed'][s] else 'fail'}" for s, a in v['d'].items())
+      + f"; C2b d = {fmt(v['c2b_d'])}", '', f"**{v['text']}**"]
+  if panel.get('no_placebo'):
+    lines += ['', f"{panel['no_placebo']} record(s) without room for a placebo span left out."]
+  return '\n'.join(lines)
+
+
+def cell_table(cell: Mapping) -> str:
+  """Every (edit, bucket) of one (reader, baseline) cell."""
+  ll = any('dll' in e for e in cell['effects'])
+  lines = ['| edit | bucket | n | F1 (orig) | F1 (edited) | Δ [95% CI] |'
+           + (' Δ log-lik [95% CI] |' if ll else ''), '|---|---|---:|---:|---:|---|'
+           + ('---|' if ll else '')]
+  for e in cell['effects']:
+    lines.append(f"| {e['edit']} | {e['bucket']} | {e['n']} | {e['f1_orig']['value']:.2f} | "
+                 f"{e['f1']['value']:.2f} | {fmt(e['delta'])} |"
+                 + (f" {fmt(e.get('dll'))} |" if ll else ''))
+  return '\n'.join(lines)
