@@ -39,6 +39,6 @@ def trained_reader(config: Any, workdir: str, log: Callable[[str], None] = print
 
 def _em(metrics: Any) -> str:
   try:
-    return f"{float(metrics['em']):.3f}"
+    return f"{float(metrics['eval']['em']):.3f}"
   except (KeyError, TypeError, ValueError):
     return '?'
