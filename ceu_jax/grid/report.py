@@ -42,9 +42,12 @@ def _group(rows: Iterable[dict], key: Callable[[dict], tuple]) -> dict:
   return dict(sorted(out.items(), key=lambda kv: str(kv[0])))
 
 
-def _series_label(r: dict) -> str:
+def series_label(r: dict, varying: Sequence[str] = ()) -> str:
+  """'family / regulariser[, λ=…][, other swept field=value …]' of a row's setting."""
   extra = f", λ={r.get('cer.lambda_ev')}" if r.get(REG, "none") != "none" else ""
-  return f"{r.get(FAMILY)} / {r.get(REG, 'none')}{extra}"
+  skip = {FAMILY, REG, "cer.lambda_ev"}
+  more = "".join(f", {k.split('.')[-1]}={r.get(k)}" for k in varying if k not in skip)
+  return f"{r.get(FAMILY)} / {r.get(REG, 'none')}{extra}{more}"
 
 
 def _shift_rows(rows, x: str) -> list[dict]:
@@ -73,9 +76,11 @@ def _distinct(values) -> list[float]:
   return sorted({v for v in (_num(x) for x in values) if np.isfinite(v)})
 
 
-def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = "") -> list[str]:
-  """Metric vs a test-time knob, one line per (architecture, regulariser), CI bands.
-  Raises Skipped when the grid tests a single value of the knob."""
+def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = "",
+            label: Callable[[dict], str] = series_label, band: str = "95% CI") -> list[str]:
+  """Metric vs a test-time knob, one line per setting, bands from <m>_lo/<m>_hi (`band`
+  says what they are: the seed spread for seeds.by_setting rows). Raises Skipped when
+  the grid tests a single value of the knob."""
   rows = _shift_rows(rows, x)
   xs_all = _distinct(r.get(x) for r in rows if np.isfinite(_num(r.get(metrics[0]))))
   if len(xs_all) < 2:
@@ -84,65 +89,79 @@ def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = 
   fig = Figure(figsize=(5.2 * len(metrics), 4.0))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   for ax, metric in zip(axes, metrics):
-    for label, series in _group(rows, lambda r: (_series_label(r),)).items():
+    for (name,), series in _group(rows, lambda r: (label(r),)).items():
       pts = sorted((_num(r.get(x)), _num(r.get(metric)), _num(r.get(f"{metric}_lo")),
                     _num(r.get(f"{metric}_hi"))) for r in series)
       pts = [p for p in pts if np.isfinite(p[0]) and np.isfinite(p[1])]
       if not pts:
         continue
       xs, ys, lo, hi = map(np.asarray, zip(*pts))
-      line, = ax.plot(xs, ys, marker="o", label=label[0])
+      line, = ax.plot(xs, ys, marker="o", label=name)
       ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
     ax.set_xlabel(XLABEL[x])
     ax.set_ylabel(UNITS.get(metric, metric))
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"{metric} vs {x.replace('_test', '')} (sweep of {XLABEL[x].split(' (')[0]})")
+    ax.set_title(f"{metric} vs {x.replace('_test', '')} (sweep of {XLABEL[x].split(' (')[0]})"
+                 f"\nbands: {band}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
   fig.tight_layout()
   return plotting.save_figure(fig, stem)
 
 
-def plot_pareto(rows: Sequence[dict], stem: str) -> list[str]:
-  """Clean EM vs supported-answer rate over (λ, α), with the frontier per family."""
-  fig, ax = pareto_figure(rows)
-  return _finish(fig, ax, "clean exact match (fraction)",
-                 "supported-answer rate at τ=0.5 (fraction)",
-                 "Pareto frontier over (λ_ev, α):\naccuracy vs supported answers", stem)
+def plot_pareto(rows: Sequence[dict], stem: str, label: Callable[[dict], str] = series_label,
+                bars: str = "95% CI") -> list[str]:
+  """Clean EM vs supported-answer rate per setting, error bars, the frontier per family."""
+  fig, ax = pareto_figure(rows, label)
+  ax.set_title("Accuracy vs supported answers (clean test condition)\n"
+               f"error bars: {bars}; line: Pareto frontier per architecture", fontsize=9)
+  ax.set_xlabel("clean exact match (fraction)")
+  ax.set_ylabel("supported-answer rate at τ=0.5 (fraction)")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  return plotting.save_figure(fig, stem)
 
 
-def pareto_figure(rows: Sequence[dict]):
-  """(figure, axes) of the Pareto plot, before labels and saving; point labels stay
-  inside the axes (they point inwards from the right half)."""
+MARKERS = "osD^vP*Xh<>p"
+
+
+def pareto_figure(rows: Sequence[dict], label: Callable[[dict], str] = series_label):
+  """(figure, axes) of the Pareto plot: one point with x/y error bars (<m>_lo/_hi) per
+  setting, colour by architecture, marker by the rest of the setting, frontier per
+  architecture through the means. Settings are named in a legend outside the axes,
+  never by text on the points, so no two labels can overlap."""
   clean = [r for r in rows if r.get("condition") == "clean"]
   finite = [r for r in clean if np.isfinite(_num(r.get("em")))
             and np.isfinite(_num(r.get("supported_0.5")))]
   if len(finite) < 2:
     raise Skipped(f"{len(finite)} cell(s) with clean EM and supported-answer rate: no "
                   "frontier to draw")
-  fig = Figure(figsize=(5.5, 4.2))
+  fig = Figure(figsize=(7.8, 4.4))
   ax = fig.subplots()
-  ax.margins(0.12)                        # room for the point labels inside the axes
-  for (family,), series in _group(clean, lambda r: (r.get(FAMILY),)).items():
-    pts = np.asarray([(_num(r.get("em")), _num(r.get("supported_0.5"))) for r in series])
-    pts = pts[np.all(np.isfinite(pts), axis=1)]
-    if not len(pts):
-      continue
-    sc = ax.scatter(pts[:, 0], pts[:, 1], label=f"{family} cells")
+  families = sorted({str(r.get(FAMILY)) for r in finite})
+  colors = {f: f"C{i}" for i, f in enumerate(families)}
+  rests = sorted({label(r).split(" / ", 1)[-1] for r in finite})
+  markers = {t: MARKERS[i % len(MARKERS)] for i, t in enumerate(rests)}
+  for r in sorted(finite, key=label):
+    x, y = _num(r.get("em")), _num(r.get("supported_0.5"))
+    xerr = [[_err(r, "em", lo=True)], [_err(r, "em", lo=False)]]
+    yerr = [[_err(r, "supported_0.5", lo=True)], [_err(r, "supported_0.5", lo=False)]]
+    ax.errorbar([x], [y], xerr=xerr, yerr=yerr,
+                fmt=markers[label(r).split(" / ", 1)[-1]], color=colors[str(r.get(FAMILY))],
+                ms=6, capsize=2, lw=0.8, label=label(r))
+  for family in families:
+    pts = np.asarray([(_num(r.get("em")), _num(r.get("supported_0.5"))) for r in finite
+                      if str(r.get(FAMILY)) == family])
     front = pareto_front(pts)
-    ax.plot(front[:, 0], front[:, 1], color=sc.get_facecolor()[0], alpha=0.7)
-  lo, hi = ax.get_xlim()
-  labels: dict[tuple[float, float], list[str]] = {}    # cells at one point share a label
-  for r in finite:
-    point = (_num(r.get("em")), _num(r.get("supported_0.5")))
-    text = f"λ={r.get('cer.lambda_ev')},α={r.get('cer.alpha')}"
-    if text not in labels.setdefault(point, []):
-      labels[point].append(text)
-  for (x, y), texts in labels.items():
-    right = x > (lo + hi) / 2
-    ax.annotate("\n".join(texts), (x, y), fontsize=6, xytext=(-4 if right else 4, 3),
-                textcoords="offset points", ha="right" if right else "left", va="bottom")
+    ax.plot(front[:, 0], front[:, 1], color=colors[family], alpha=0.5, lw=1)
+  ax.margins(0.08)
+  ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
   return fig, ax
+
+
+def _err(r: dict, m: str, lo: bool) -> float:
+  v, b = _num(r.get(m)), _num(r.get(f"{m}_lo" if lo else f"{m}_hi"))
+  return max(0.0, (v - b) if lo else (b - v)) if np.isfinite(b) else 0.0
 
 
 def pareto_front(points: np.ndarray) -> np.ndarray:
@@ -152,7 +171,7 @@ def pareto_front(points: np.ndarray) -> np.ndarray:
   return np.asarray(sorted(map(tuple, keep)))
 
 
-def plot_k_gain(rows: Sequence[dict], stem: str) -> list[str]:
+def plot_k_gain(rows: Sequence[dict], stem: str) -> list[str]:  # pylint: disable=too-many-locals
   """CEU_ev gain over the family's baseline, per extra forward pass, against k."""
   clean = [r for r in rows if r.get("condition") == "clean"]
   ks = _distinct(r.get("cer.k") for r in clean if r.get(REG, "none") != "none")
@@ -203,7 +222,8 @@ def plot_ceu_histograms(examples: dict[str, dict], stem: str) -> list[str]:
   return plotting.save_figure(fig, stem)
 
 
-def load_examples(workdir: str, results: Sequence[dict]) -> dict[str, dict]:
+def load_examples(workdir: str, results: Sequence[dict],
+                  label: Callable[[dict], str] = series_label) -> dict[str, dict]:
   """Per-example clean-condition audits (cells/<id>/audit/examples.csv) per series."""
   out = {}
   for res in results:
@@ -212,8 +232,8 @@ def load_examples(workdir: str, results: Sequence[dict]) -> dict[str, dict]:
       continue
     with open(path, newline="") as f:
       ex = list(csv.DictReader(f))
-    label = f"{_series_label(res['config'])} [{res['cell_id'][:6]}]"
-    out[label] = dict(ceu_ev=np.asarray([_num(e.get("ceu_ev")) for e in ex]),
+    seed = f", seed {res['config'].get('seed')}" if "seed" in res["config"] else ""
+    out[f"{label(res['config'])}{seed} [{res['cell_id'][:6]}]"] = dict(ceu_ev=np.asarray([_num(e.get("ceu_ev")) for e in ex]),
                       correct=np.asarray([e.get("correct") in ("1", "True", "true") for e in ex]))
   return out
 
@@ -231,17 +251,20 @@ def _fmt_ci(r: dict, metric: str, with_n: bool = False) -> str:
 CEU_METRICS = ("ceu_ev", "ceu_dis", "ceu_control")
 
 
-def summary_table(rows: Sequence[dict]) -> str:
-  """Markdown table, clean condition: per architecture, baseline vs CER cells. Every
-  CEU mean shows n, the non-degenerate examples (with evidence, gap ≥ ε) behind it."""
+def summary_table(rows: Sequence[dict], extra: Sequence[str] = ()) -> str:
+  """Markdown table, clean condition: per architecture, baseline vs CER cells (and the
+  `extra` fields, e.g. other swept fields and the seed). Every CEU mean shows n, the
+  non-degenerate examples (with evidence, gap ≥ ε) behind it."""
   metrics = ("em", "ceu_ev", "ceu_dis", "supported_0.5")
-  head = ("| architecture | regulariser | λ_ev | α | k | examples | "
+  head = ("| architecture | regulariser | λ_ev | α | k | "
+          + "".join(f"{k.split('.')[-1]} | " for k in extra) + "examples | "
           + " | ".join(f"{m} (n)" if m in CEU_METRICS else m for m in metrics) + " |")
-  lines = [head, "|" + "---|" * (6 + len(metrics))]
+  lines = [head, "|" + "---|" * (6 + len(extra) + len(metrics))]
   clean = [r for r in rows if r.get("condition") == "clean"]
   for r in sorted(clean, key=lambda r: (str(r.get(FAMILY)), str(r.get(REG)), r["index"])):
     lines.append(f"| {r.get(FAMILY)} | {r.get(REG)} | {r.get('cer.lambda_ev')} | "
-                 f"{r.get('cer.alpha')} | {r.get('cer.k')} | {r.get('em_n', '')} | "
+                 f"{r.get('cer.alpha')} | {r.get('cer.k')} | "
+                 + "".join(f"{r.get(k)} | " for k in extra) + f"{r.get('em_n', '')} | "
                  + " | ".join(_fmt_ci(r, m, with_n=m in CEU_METRICS) for m in metrics) + " |")
   return "\n".join(lines)
 
@@ -261,10 +284,58 @@ def conditions_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines)
 
 
+def _fmt_sd(r: dict, metric: str, with_n: bool = False) -> str:
+  """'mean ± sd' over seeds (a seeds.by_setting row); one seed: 'value [CI]'."""
+  if int(r.get("n_seeds", 1)) < 2:
+    return _fmt_ci(r, metric, with_n)
+  v, sd, n = _num(r.get(metric)), _num(r.get(f"{metric}_sd")), _num(r.get(f"{metric}_n"))
+  n_txt = f" (n≥{int(n)})" if with_n and np.isfinite(n) else ""
+  return ("–" if not np.isfinite(v) else f"{v:.3f} ± {sd:.3f}") + n_txt
+
+
+def _extra(varying: Sequence[str]) -> list[str]:
+  """Swept fields beyond the ones every table shows (architecture, regulariser, λ, α, k)."""
+  return [k for k in varying if k not in (FAMILY, REG, "cer.lambda_ev", "cer.alpha", "cer.k")]
+
+
+def settings_table(agg: Sequence[dict], varying: Sequence[str] = (),
+                   conditions: bool = False) -> str:
+  """Markdown table of seeds.by_setting rows: mean ± sd over seeds per setting (clean
+  condition, or every condition); CEU means with the examples n behind each seed's mean."""
+  metrics = ("em", "ceu_ev", "ceu_dis", "ceu_control", "supported_0.5")
+  extra = _extra(varying)
+  head = ("| architecture | regulariser | λ_ev | α | k | "
+          + "".join(f"{k.split('.')[-1]} | " for k in extra)
+          + ("condition | " if conditions else "") + "seeds | "
+          + " | ".join(f"{m} (n)" if m in CEU_METRICS else m for m in metrics) + " |")
+  lines = [head, "|" + "---|" * (6 + len(extra) + int(conditions) + len(metrics))]
+  chosen = agg if conditions else [r for r in agg if r.get("condition") == "clean"]
+  order = lambda r: (str(r.get(FAMILY)), str(r.get(REG)), r["index"],
+                     r.get("condition") != "clean", str(r.get("condition")))
+  for r in sorted(chosen, key=order):
+    lines.append(f"| {r.get(FAMILY)} | {r.get(REG)} | {r.get('cer.lambda_ev')} | "
+                 f"{r.get('cer.alpha')} | {r.get('cer.k')} | "
+                 + "".join(f"{r.get(k)} | " for k in extra)
+                 + (f"{r.get('condition')} | " if conditions else "")
+                 + f"{r.get('n_seeds')} | "
+                 + " | ".join(_fmt_sd(r, m, with_n=m in CEU_METRICS) for m in metrics) + " |")
+  return "\n".join(lines)
+
+
 def _values(results: Sequence[dict], field: str) -> str:
   vals = sorted({str(v) for r in results
                  if (v := r.get("config", {}).get(field)) is not None}, key=str)
   return ", ".join(vals) if vals else "?"
+
+
+def _seeds_note(results: Sequence[dict]) -> str:
+  from ceu_jax.grid import seeds as seeds_lib  # pylint: disable=g-import-not-at-top
+  fields = seeds_lib.setting_fields(results)
+  settings = collections.Counter(tuple(str(r["config"].get(k)) for k in fields)
+                                 for r in results)
+  counts = sorted(set(settings.values()))
+  return (f"; {len(settings)} settings with {'/'.join(map(str, counts))} seeds each"
+          if counts != [1] else "")
 
 
 def _conditions(rows: Sequence[dict]) -> list[str]:
@@ -284,7 +355,8 @@ def what_was_run(rows: Sequence[dict], results: Sequence[dict], config=None) -> 
              f" α {_values(results, 'cer.alpha')}, k {_values(results, 'cer.k')}).")
   out.append(f"- Training: {_values(results, 'train.num_steps')} steps at batch "
              f"{_values(results, 'train.batch_size')}, seed {_values(results, 'seed')} "
-             f"(one seed per cell); training data δ {_values(results, 'data.delta')}, "
+             f"(one seed per cell{_seeds_note(results)}); training data δ "
+             f"{_values(results, 'data.delta')}, "
              f"η {_values(results, 'data.eta')}, n {_values(results, 'data.context_len')}, "
              f"ρ {_values(results, 'data.rho')}.")
   runs = [r for r in results if r.get("train_run")]
@@ -338,22 +410,46 @@ def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
     except Skipped as e:
       skipped[key] = str(e)
 
-  if rows:
+  from ceu_jax.grid import seeds as seeds_lib  # pylint: disable=g-import-not-at-top
+  fields = seeds_lib.setting_fields(results)
+  agg = seeds_lib.by_setting(rows, fields) if rows else []
+  varying = seeds_lib.varying_fields(agg, fields)
+  label = lambda r: series_label(r, varying)
+  spread = seeds_lib.spread_kind(agg) if agg else ""
+  multi = any(int(r.get("n_seeds", 1)) > 1 for r in agg)
+  if agg:
+    io.write_text_atomic(os.path.join(workdir, "results_seeds.csv"), seeds_lib.to_csv(agg))
     for x in ("delta_test", "n_test", "eta_test"):
-      draw(x, lambda x=x: plot_vs(rows, x, stem=os.path.join(
-          plots_dir, f"em_ceu_vs_{x.split('_')[0]}")))
-    draw("pareto", plot_pareto, rows, os.path.join(plots_dir, "pareto_em_supported"))
-    draw("k", plot_k_gain, rows, os.path.join(plots_dir, "ceu_gain_per_forward_vs_k"))
-  draw("hist", plot_ceu_histograms, load_examples(workdir, results),
+      draw(x, lambda x=x: plot_vs(agg, x, stem=os.path.join(
+          plots_dir, f"em_ceu_vs_{x.split('_')[0]}"), label=label, band=spread))
+    draw("pareto", lambda: plot_pareto(agg, os.path.join(plots_dir, "pareto_em_supported"),
+                                       label=label, bars=spread))
+    draw("k", plot_k_gain, agg, os.path.join(plots_dir, "ceu_gain_per_forward_vs_k"))
+  draw("hist", plot_ceu_histograms, load_examples(workdir, results, label),
        os.path.join(plots_dir, "ceu_ev_hist_correct"))
   parts = [f"# {title}", "",
            f"{len(results)} cells finished, {len(failures)} failed; "
-           f"{len(rows)} rows in results.csv (one per cell × test condition).", ""]
+           f"{len(rows)} rows in results.csv (one per cell × test condition)"
+           + (f", {len(agg)} in results_seeds.csv (one per setting × condition, over seeds)"
+              if multi else "") + ".", ""]
   parts += what_was_run(rows, results, config)
-  parts += ["## Summary (clean test condition; value [95% bootstrap CI] (n))", "",
-            summary_table(rows) if rows else "(no finished cells)", ""]
-  if rows:
-    parts += ["## Every test condition", "", conditions_table(rows), ""]
+  if multi:
+    parts += ["## Summary over seeds (clean test condition; mean ± sd over seeds (n))", "",
+              "Each value is the mean over the setting's seeds of the cells' means, ± the "
+              "sample sd over seeds; n is the smallest number of non-degenerate examples "
+              "behind one seed's CEU mean. Plots show " + spread + ".", "",
+              settings_table(agg, varying), "",
+              "## Every cell (one seed each; value [95% bootstrap CI within the seed] (n))", "",
+              summary_table(rows, _extra(varying) + ["seed"]), ""]
+  else:
+    parts += ["## Summary (clean test condition; value [95% bootstrap CI] (n))", "",
+              "One seed per setting: the CIs are within that seed; differences between "
+              "settings of a few points may be seed noise.", "",
+              summary_table(rows, _extra(varying)) if rows else "(no finished cells)", ""]
+  if multi:
+    parts += ["## Every test condition over seeds (mean ± sd)", "",
+              settings_table(agg, varying, conditions=True), ""]
+  parts += ["## Every test condition", "", conditions_table(rows), ""]
   captions = {"delta_test": "EM and CEU_ev vs test distractor rate δ",
               "n_test": "EM and CEU_ev vs test context length n",
               "eta_test": "EM and CEU_ev vs test miss rate η",
