@@ -68,6 +68,21 @@ def test_smoke_tiny_crosses_family_and_regulariser():
                  for r, lam in (("none", 0.0), ("evidence", 1.0))}
 
 
+def test_smoke_worlds_and_seeds_expand_as_documented():
+  from ceu_jax.grid import sweep
+  cells = sweep.expand(smoke.get_config("full,world=both,seeds=2"))
+  got = {(c.config.model.family, c.config.cer.regularizer, c.config.data.rho,
+          c.config.data.eta, c.config.seed) for c in cells}
+  assert len(cells) == len(got) == 3 * 3 * 2 * 2
+  assert {(r, e) for *_, r, e, _ in got} == {(0.3, 0.0), (0.9, 0.3)}
+  assert {s for *_, s in got} == {0, 1}
+  assert {g[1] for g in got} == {"none", "evidence", "evidence_distractor"}
+  short = smoke.get_config("tiny,world=shortcut")
+  assert (short.data.rho, short.data.eta) == (0.9, 0.3)
+  with pytest.raises(ValueError, match="world"):
+    smoke.get_config("full,world=mars")
+
+
 def test_third_party_info_is_filtered_ours_and_warnings_kept():
   f = cli._ThirdPartyInfoFilter()  # pylint: disable=protected-access
   ours = os.path.join(ROOT, "ceu_jax", "train", "loop.py")
