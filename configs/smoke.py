@@ -68,7 +68,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   families = ("attention", "memory_port") if tiny else ("attention", "ssm", "memory_port")
   regs = (("none", "evidence") if worlds == ("plain",) else
           ("none", "evidence", "evidence_distractor"))
-  sweep = [
+  sweep = []
+  if a.seeds is not None and a.seeds > 1:             # training seed (outermost, so a
+    sweep.append((("seed", tuple(range(a.seeds))),))  # partial run has whole seeds)
+  sweep += [
       (("model.family", families),),                  # every family ...
       (("cer.regularizer", regs),                     # ... x baseline vs CER (zipped with λ)
        ("cer.lambda_ev", (0.0,) + (1.0,) * (len(regs) - 1))),
@@ -76,7 +79,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if len(worlds) > 1:                                 # ... x training world (ρ, η zipped)
     sweep.append((("data.rho", tuple(WORLDS[w][0] for w in worlds)),
                    ("data.eta", tuple(WORLDS[w][1] for w in worlds))))
-  if a.seeds is not None and a.seeds > 1:             # ... x training seed
-    sweep.append((("seed", tuple(range(a.seeds))),))
   c.sweep = tuple(sweep)
   return c
