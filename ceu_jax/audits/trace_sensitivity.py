@@ -256,7 +256,8 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
 
   Edit rows are those of the four interventions (identity rows are the
   invariant check, summarised under 'identity'). Breakdowns: {key: {value: cell}},
-  plus 'domain_tau' {domain: {τ: cell}} for the report's table. tau_sim is only
+  plus 'domain_tau' {domain: {τ: cell}} for the report's table and 'by_domain_len'
+  {domain: {trace length: cell}} for the plot. tau_sim is only
   recorded (run_traces scored the rows with it).
   """
   n_items = len({(x['domain'], _hashable(x['id'])) for x in rows})
@@ -280,6 +281,11 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
   for x in edits:
     dt[x['domain']][x['tau']].append(x)
   out['domain_tau'] = {d: {t: cell(xs, seed=seed) for t, xs in ts.items()} for d, ts in dt.items()}
+  dl = collections.defaultdict(lambda: collections.defaultdict(list))
+  for x in edits:
+    dl[x['domain']][x['trace_len']].append(x)
+  out['by_domain_len'] = {d: {str(n): cell(xs, seed=seed) for n, xs in sorted(ls.items())}
+                          for d, ls in dl.items()}
   return out
 
 
