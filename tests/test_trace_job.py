@@ -73,7 +73,7 @@ def test_bad_config_fails_before_any_work(tmp_path, field, value, match):
 
 def test_config_arguments():
   assert cfgs.get_config('tiny').n_items == 40
-  assert cfgs.get_config('tiny,world=smollm2').smollm2.n_layers == 2
+  assert cfgs.get_config('tiny,world=smollm2').n_items == 1
   assert cfgs.get_config('full,world=smollm2').n_items == 150
   with pytest.raises(ValueError, match='world must be one of chain, smollm2'):
     cfgs.get_config('tiny,world=mars')

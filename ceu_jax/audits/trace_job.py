@@ -190,7 +190,10 @@ def rho_by_length_figure(readers: dict, stem: str) -> list[str]:
   ax.set_xlabel('trace length (steps)')
   ax.set_ylabel('violation density ρ')
   ax.set_ylim(-0.05, 1.05)
-  ax.legend(fontsize=7)
+  if ax.get_legend_handles_labels()[1]:
+    ax.legend(fontsize=7)
+  else:
+    ax.text(0.5, 0.5, 'no parsed trace', ha='center', transform=ax.transAxes)
   fig.tight_layout()
   return plotting.save_figure(fig, stem)
 

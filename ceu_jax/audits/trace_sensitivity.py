@@ -23,7 +23,9 @@ Bad input: an original output that does not parse into steps is counted
 (`parse_failure` row, rate in the summary) and gets no intervention; a
 regenerated output that does not parse has lost its answer (a* = None, S = 0)
 and is counted too. A step index k outside 1..n raises `StepIndexError` naming
-the item. The identity intervention (s'_k = s_k) is run at every position as
+the item. A domain may end its prompts with a `primer` (e.g. 'Step 1:'): the
+raw output is primer + generation, and the reader is given the forced prefix
+without it (its prompt already holds it). The identity intervention (s'_k = s_k) is run at every position as
 an invariant check: φ must be 0 for a deterministic reader.
 
 No arrays: per-item Python; aggregates via `ceu_jax.metrics.resampling.mean_ci`.
@@ -84,6 +86,7 @@ class TraceDomain(abc.ABC):
   name: str = 'domain'
   max_new_tokens: int = 32  # greedy budget of the original generation
   stop: tuple = ()  # stop strings / token ids
+  primer: Any = ''  # raw text / tokens the prompt already ends with (the output's start)
 
   @abc.abstractmethod
   def item_id(self, item: Any) -> Hashable:
@@ -182,11 +185,12 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
   if not items:
     return []
   ids = [domain.item_id(x) for x in items]
+  primer = domain.primer
   gens = reader.generate([domain.prompt(x) for x in items], ids=ids,
                          max_new_tokens=domain.max_new_tokens, stop=domain.stop)
   rows, calls = [], []
   for item, i, g in zip(items, ids, gens):
-    raw = domain.raw(g)
+    raw = domain.concat(primer, domain.raw(g))
     tr = domain.parse(raw)
     if tr is None:
       rows.append(dict(id=i, domain=domain.group(item), trace_len=None, k=None,
@@ -201,7 +205,7 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
           calls.append((item, i, tr, k, t, got[0], got[1]))
   if calls:
     conts = reader.continue_from(
-        [domain.prompt(c[0]) for c in calls], [c[6] for c in calls],
+        [domain.prompt(c[0]) for c in calls], [_unprime(domain, c[6]) for c in calls],
         ids=[(c[1], c[3], c[4]) for c in calls],
         max_new_tokens=max(domain.budget(c[2], c[3], c[5].block) for c in calls),
         stop=domain.stop)
@@ -221,6 +225,14 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
         forced=_show(forced), continuation=_show(cont),
         implied_before=_show(e.implied_before), implied_after=_show(e.implied_after)))
   return rows
+
+
+def _unprime(domain: TraceDomain, forced: Any) -> Any:
+  """The forced prefix as the reader gets it: without the primer its prompt already ends with."""
+  n = len(domain.primer)
+  if forced[:n] != domain.primer:
+    raise AssertionError('a forced prefix must start with the primer')  # raw starts with it
+  return forced[n:]
 
 
 def _show(x: Any) -> Any:

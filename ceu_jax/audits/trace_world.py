@@ -191,6 +191,7 @@ class ChainDomain(ts.TraceDomain):
     self.eos, self.unknown = v.tok('[EOS]'), v.tok('?')
     self.max_new_tokens = cfg.answer_len
     self.stop = (self.eos,)
+    self.primer = ()
 
   def item_id(self, item: ChainItem) -> Hashable:
     return item.id
@@ -260,7 +261,7 @@ class ChainDomain(ts.TraceDomain):
     """The steps of a forced prefix (every token is a step)."""
     return [int(t) for t in raw]
 
-  def tail(self, steps: Sequence[int], answer) -> tuple[int, ...]:
+  def tail(self, first_index: int, steps: Sequence[int], answer) -> tuple[int, ...]:
     """Raw continuation holding further steps then an answer, [EOS]-terminated."""
     return tuple(int(t) for t in steps) + tuple(answer) + (self.eos,)
 
@@ -294,16 +295,17 @@ class TraceOracle(oracles._Oracle):
     out = []
     for j, (p, i) in enumerate(zip(prompts, ids)):
       item = self._item(p, i)
-      full = self.domain.complete(item, [])
+      d = self.domain
+      full = d.complete(item, [])[len(d.primer):]  # the prompt ends with the primer
       if forced is None:
         out.append(self._out(i, full, budget, stops))
         continue
-      steps = self.domain.prefix_steps(forced[j])
+      steps = d.prefix_steps(d.concat(d.primer, forced[j]))
       if self.follows(item):
         cont = self.domain.complete(item, steps)
       else:
-        own = self.domain.parse(self.domain.raw(self._out(i, full, budget, stops)))
-        cont = self.domain.tail(own.steps[len(steps):], own.answer)
+        own = d.parse(d.concat(d.primer, d.raw(self._out(i, full, budget, stops))))
+        cont = self.domain.tail(len(steps) + 1, own.steps[len(steps):], own.answer)
       out.append(self._out(i, cont, budget, stops))
     return out
 
