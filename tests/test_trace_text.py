@@ -125,3 +125,9 @@ def test_tiny_smollm2(tmp_path):
   assert all(k == '1' for k in r['by_k'])
   assert json.load(open(os.path.join(w, 'summary.json')))['readers'] == s['readers']
   assert 'no LLM judge' in open(os.path.join(w, 'report.md')).read()
+
+
+def test_number_similarity_keeps_signs():
+  assert ARITH.similarity('43', '-43') == 0.0 and ARITH.similarity('43.', '43') == 1.0
+  assert ARITH.similarity('unknown', 'unknown') == 1.0
+  assert tt.similarity('The Eiffel tower', 'eiffel tower') == 1.0

@@ -20,7 +20,8 @@ A text trace is
     (Strength 1: the quote now implies the swap entity); PremiseNegation
     inserts a negation (Strength unknown: reported separately, never a
     violation).
-S is SQuAD-normalised exact match, else token F1 (no LLM judge offline).
+S is SQuAD-normalised exact match, else token F1 (no LLM judge offline); on
+arithmetic, exact match of the integer answer (SQuAD normalisation drops '-').
 A step whose content does not have the domain's form gets no edit of that τ.
 
 No arrays: per-item Python.
@@ -159,6 +160,18 @@ def make_arith_item(seed: int, index: int, hops: Sequence[int] = (2, 3, 4)) -> A
   return ArithItem(f'arith:{seed}:{index}', q, start, tuple(ops), int(rng.integers(1, 4)))
 
 
+_NUM = re.compile(r'-?\d+')
+
+
+def number_similarity(a: str, b: str) -> float:
+  """Exact match of the first integers (signs kept: SQuAD normalisation would drop '-'),
+  text similarity when either answer holds no integer."""
+  x, y = _NUM.search(a), _NUM.search(b)
+  if x is None or y is None:
+    return similarity(a, b)
+  return float(int(x.group()) == int(y.group()))
+
+
 def parse_step(content: str) -> Optional[tuple[int, str, int, int]]:
   m = _ARITH.match(content)
   if m is None:
@@ -193,6 +206,9 @@ class ArithmeticDomain(TextDomain):
     demos = ''.join(f'Question: {s.question}\n{render(1, s.steps)}Answer: {s.answer}\n\n'
                     for s in self.shots)
     return f'{demos}Question: {item.question}\n{self.primer}'
+
+  def similarity(self, a, b):
+    return number_similarity(a, b)
 
   def edit(self, item, trace, k, tau):
     steps = list(trace.steps)
