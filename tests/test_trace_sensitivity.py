@@ -224,3 +224,21 @@ def test_breakdowns_and_table(items):
   assert set(s['by_trace_len']) == {'1', '2', '3'}
   t = ts.table(s)
   assert 'fact_reversal' in t and 'identity' in t and 'logic_flip' not in t
+
+
+def test_ci_resamples_items_not_rows():
+  # reference: a Python loop over 1000 resamples of items with the same index draws
+  its = tw.make_items(CFG, 50, seed=2)
+  rows = ts.run_traces(tw.mixture_oracle(DOMAIN, its, 0.5, 1), DOMAIN, its)
+  e = _edits(rows)
+  c = ts.cell(e, seed=7)
+  ids = list(dict.fromkeys(r['id'] for r in e))
+  s = np.array([sum(r['phi'] for r in e if r['id'] == i) for i in ids])
+  n = np.array([sum(1 for r in e if r['id'] == i) for i in ids])
+  rng = np.random.default_rng(7)
+  idx = rng.integers(0, len(ids), size=(1000, len(ids)))
+  stats = np.array([s[row].sum() / n[row].sum() for row in idx])
+  lo, hi = np.quantile(stats, [0.025, 0.975])
+  assert c['phi']['value'] == pytest.approx(np.mean([r['phi'] for r in e]), abs=1e-12)
+  assert (c['phi']['ci_low'], c['phi']['ci_high']) == pytest.approx((lo, hi), abs=1e-12)
+  assert c['phi']['n'] == len(e) and c['phi']['n_items'] == len(ids)

@@ -204,7 +204,7 @@ def _write_outputs(config, workdir: str, parts: dict, summary: dict) -> None:
   md = [f"# Trace sensitivity ({summary['title']})", '', summary['describe'], '',
         f"τ_sim = {config.tau_sim}, λ = {config.lam}; φ = 1 − S(a, a*), "
         'ρ = mean 1[S > τ_sim ∧ Strength > λ] over interventions of known strength; '
-        '95% percentile-bootstrap CIs over rows (seed '
+        '95% percentile-bootstrap CIs resampling items (seed '
         f'{config.bootstrap_seed}). Offline there is no LLM judge: S is exact match '
         '(tokens) or SQuAD token F1 (text).']
   for r, s in summary['readers'].items():

@@ -28,7 +28,9 @@ raw output is primer + generation, and the reader is given the forced prefix
 without it (its prompt already holds it). The identity intervention (s'_k = s_k) is run at every position as
 an invariant check: φ must be 0 for a deterministic reader.
 
-No arrays: per-item Python; aggregates via `ceu_jax.metrics.resampling.mean_ci`.
+No arrays: per-item Python. Aggregates: the mean over rows with a percentile
+bootstrap CI (`ceu_jax.metrics.resampling.bootstrap`) that resamples items, not
+rows (the rows of one item share its trace), as Σ values / Σ rows per resample.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax.metrics.resampling import Aggregate, mean_ci
+from ceu_jax.metrics.resampling import bootstrap
 from ceu_jax.readers import base
 
 IDENTITY = 'identity'
@@ -243,23 +245,38 @@ def _show(x: Any) -> Any:
 
 
 # ---------------------------------------------------------------- summaries
-def _agg(values: Sequence[float], seed: int) -> dict:
-  return mean_ci(np.asarray(values, np.float64), seed=seed).to_dict()
+def _ratio(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+  return sums.sum(axis=1) / counts.sum(axis=1)
+
+
+def _agg(rows: Sequence[dict], value, seed: int) -> dict:
+  """Mean of value(row) over rows, CI from a bootstrap over items (rows of one item move
+  together: they share the item's trace and reader state), as an Aggregate dict."""
+  sums, counts = collections.defaultdict(float), collections.defaultdict(int)
+  for x in rows:
+    key = _hashable(x['id'])
+    sums[key] += float(value(x))
+    counts[key] += 1
+  keys = list(sums)
+  agg = bootstrap(_ratio, np.asarray([sums[k] for k in keys], np.float64),
+                  np.asarray([counts[k] for k in keys], np.float64), seed=seed)
+  return dict(agg.to_dict(), n=len(rows), n_items=len(keys))
 
 
 def cell(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
-  """φ and ρ (mean with bootstrap CI) of a set of scored rows.
+  """φ and ρ (mean over rows, 95% CI from a bootstrap over items) of a set of scored rows.
 
   phi: mean φ over every row; rho: mean V over rows of known strength;
   same_unknown: share with S > τ_sim among rows of unknown strength (reported
   separately, SPEC §8.2); regen_parse_failure: share of regenerations without an answer.
   """
-  known = [x['violation'] for x in rows if x['violation'] is not None]
+  known = [x for x in rows if x['violation'] is not None]
   unknown = [x for x in rows if x['violation'] is None]
   return dict(
-      n=len(rows), phi=_agg([x['phi'] for x in rows], seed), rho=_agg(known, seed),
+      n=len(rows), phi=_agg(rows, lambda x: x['phi'], seed),
+      rho=_agg(known, lambda x: x['violation'], seed),
       n_unknown_strength=len(unknown),
-      same_unknown=_agg([float(x['same']) for x in unknown], seed),
+      same_unknown=_agg(unknown, lambda x: x['same'], seed),
       regen_parse_failure=float(np.mean([not x['regen_parsed'] for x in rows])) if rows else None)
 
 
