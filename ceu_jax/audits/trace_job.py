@@ -127,8 +127,9 @@ def run_trace_sensitivity(config, workdir: str, log: Callable[[str], None] = pri
     if workdir_lib.read_config_json(workdir) is None:
       io.write_json_atomic(os.path.join(workdir, workdir_lib.CONFIG_FILE), config.to_dict())
     world.prepare(workdir, log)
-    units = [(r, d, lo) for r in world.readers for d in world.domains
-             for lo in range(0, len(world.items[d]), cs)]
+    n_max = max(len(x) for x in world.items.values())
+    units = [(r, d, lo) for r in world.readers for lo in range(0, n_max, cs)
+             for d in world.domains if lo < len(world.items[d])]  # domains interleaved
     path = lambda u: os.path.join(workdir, 'chunks', f'{u[0]}_{u[1]}_{u[2]:05d}.json')
     done = sum(os.path.exists(path(u)) for u in units)
     prog = Progress(total=len(units), done=done)
