@@ -79,3 +79,12 @@ def test_config_arguments():
     cfgs.get_config('tiny,world=mars')
   with pytest.raises(ValueError, match='variant'):
     cfgs.get_config('huge')
+
+
+def test_trace_modules_never_import_architectures():
+  code = ('import sys, ceu_jax.audits.trace_sensitivity, ceu_jax.audits.trace_world, '
+          'ceu_jax.audits.trace_text, ceu_jax.audits.trace_job; '
+          'print(sorted(m for m in sys.modules if m.split(".")[0] == "architectures"))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert out.stdout.strip() == '[]'

@@ -29,6 +29,7 @@ import time
 from typing import Callable, Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ceu_jax import io, plotting
 from ceu_jax import workdir as workdir_lib
@@ -188,11 +189,12 @@ def rho_by_length_figure(readers: dict, stem: str) -> list[str]:
       lo = [p[1]['value'] - p[1]['ci_low'] for p in pts]
       hi = [p[1]['ci_high'] - p[1]['value'] for p in pts]
       ax.errorbar(xs, ys, yerr=[lo, hi], marker='o', capsize=3, label=f'{r} / {d}')
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.set_xlabel('trace length (steps)')
   ax.set_ylabel('violation density ρ')
   ax.set_ylim(-0.05, 1.05)
   if ax.get_legend_handles_labels()[1]:
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc='center right')
   else:
     ax.text(0.5, 0.5, 'no parsed trace', ha='center', transform=ax.transAxes)
   fig.tight_layout()
