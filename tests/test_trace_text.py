@@ -131,3 +131,13 @@ def test_number_similarity_keeps_signs():
   assert ARITH.similarity('43', '-43') == 0.0 and ARITH.similarity('43.', '43') == 1.0
   assert ARITH.similarity('unknown', 'unknown') == 1.0
   assert tt.similarity('The Eiffel tower', 'eiffel tower') == 1.0
+
+
+def test_smollm2_world_demonstrations_vary_in_length():
+  c = cfgs.get_config('full,world=smollm2,n_items=3')
+  with c.unlocked():
+    c.smollm2.domains = ('arithmetic',)
+    c.smollm2.n_shots = 3
+  w = tt.SmolLM2World(c)
+  assert [len(s.ops) for s in w.domains['arithmetic'].shots] == [2, 3, 4]
+  assert len(w.items['arithmetic']) == 3

@@ -361,7 +361,8 @@ class SmolLM2World:
     self.items, self.domains = {}, {}
     budget = int(s.max_new_tokens)
     if 'arithmetic' in s.domains:
-      shots = [make_arith_item(seed + 7919, i) for i in range(int(s.n_shots))]
+      # demonstrations of different lengths (2, 3, 4, 2, … steps): traces need not copy one length
+      shots = [make_arith_item(seed + 7919, i, hops=(2 + i % 3,)) for i in range(int(s.n_shots))]
       self.domains['arithmetic'] = ArithmeticDomain(shots, budget)
       self.items['arithmetic'] = [make_arith_item(seed, i) for i in range(n)]
     if 'factual' in s.domains:
