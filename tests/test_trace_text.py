@@ -141,3 +141,25 @@ def test_smollm2_world_demonstrations_vary_in_length():
   w = tt.SmolLM2World(c)
   assert [len(s.ops) for s in w.domains['arithmetic'].shots] == [2, 3, 4]
   assert len(w.items['arithmetic']) == 3
+
+
+def test_uneditable_steps_are_counted():
+  x = ITEMS[0]
+  raw = f'Step 1: I add things\nStep 2: {x.steps[1]}\nAnswer: {x.answer}'
+  tr = tt.parse_text(raw)
+  assert ts.intervene(ARITH, x, tr, 1, ts.FACT_REVERSAL) == ts.UNEDITABLE
+  assert ts.intervene(ARITH, x, tr, 2, ts.FACT_REVERSAL) not in (None, ts.UNEDITABLE)
+
+  class Fixed(tw.TraceOracle):
+    def _generate(self, prompts, forced, budget, stops, ids):
+      if forced is None:
+        return [tw.base.Generation(i, raw[len(ARITH.primer):], (), tw.base.END) for i in ids]
+      return super()._generate(prompts, forced, budget, stops, ids)
+
+  rows = ts.run_traces(Fixed(ARITH, [x], lambda item: True), ARITH, [x])
+  un = [r for r in rows if r.get('applied') is False]
+  assert {(r['k'], r['tau']) for r in un} == {(1, ts.LOGIC_FLIP), (1, ts.FACT_REVERSAL)}
+  s = ts.summarize(rows)
+  assert s['uneditable'] == {'arithmetic': {ts.FACT_REVERSAL: 1, ts.LOGIC_FLIP: 1}}
+  assert s['all']['n'] == len([r for r in rows if r.get('applied') and r['tau'] != ts.IDENTITY])
+  assert 'lacks the form' in ts.table(s)

@@ -36,7 +36,7 @@ from ceu_jax import workdir as workdir_lib
 from ceu_jax.audits import trace_sensitivity as ts
 from ceu_jax.progress import Progress
 
-ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'answer',
+ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'applied', 'answer',
                'answer_after', 'regen_parsed', 'S', 'phi', 'same', 'strength', 'violation',
                'implied_before', 'implied_after', 'forced', 'continuation', 'raw')
 WORLDS = ('chain', 'smollm2')

@@ -55,6 +55,7 @@ TAU_SIM = 0.8  # SPEC §8.2 default τ_sim
 LAMBDA = 0.5  # SPEC §8.2 default λ
 CI_SEED = 42  # SPEC §8 bootstrap seed
 BREAKDOWNS = ('domain', 'tau', 'k', 'trace_len')
+UNEDITABLE = 'uneditable'  # TraceDomain.edit: step k exists but its content lacks the form τ needs
 
 
 class StepIndexError(ValueError):
@@ -119,8 +120,10 @@ class TraceDomain(abc.ABC):
     """The raw rendering of `steps` placed at positions first_index, first_index+1, …"""
 
   @abc.abstractmethod
-  def edit(self, item: Any, trace: ParsedTrace, k: int, tau: str) -> Optional[Edit]:
-    """The forced block of intervention (k, τ) (1 ≤ k ≤ n), None when τ does not apply at k."""
+  def edit(self, item: Any, trace: ParsedTrace, k: int, tau: str) -> Any:
+    """The Edit of intervention (k, τ) (1 ≤ k ≤ n); None when τ is undefined here (the
+    domain has no such intervention, or the position cannot hold its block); UNEDITABLE
+    when step k's content lacks the form τ needs (counted, never silently skipped)."""
 
   @abc.abstractmethod
   def similarity(self, a: Any, b: Any) -> float:
@@ -144,8 +147,9 @@ def forced_prefix(domain: TraceDomain, trace: ParsedTrace, k: int, block: Sequen
 
 
 def intervene(domain: TraceDomain, item: Any, trace: ParsedTrace, k: int, tau: str
-              ) -> Optional[tuple[Edit, Any]]:
-  """(Edit, forced prefix) of intervention (k, τ) on an item's parsed trace, None if n/a.
+              ) -> Any:
+  """(Edit, forced prefix) of intervention (k, τ) on an item's parsed trace; None when
+  τ is undefined there, UNEDITABLE when step k's content lacks the form τ needs.
 
   Raises StepIndexError naming the item when k is outside 1..n, ValueError for an unknown τ.
   """
@@ -156,8 +160,8 @@ def intervene(domain: TraceDomain, item: Any, trace: ParsedTrace, k: int, tau: s
     e = Edit((trace.steps[k - 1],), 0.0)
   else:
     e = domain.edit(item, trace, k, tau)
-    if e is None:
-      return None
+    if e is None or e == UNEDITABLE:
+      return e
   if k - 1 + len(e.block) > trace.n:
     raise StepIndexError(f'item {domain.item_id(item)!r}: the {tau} block at k={k} '
                          f'({len(e.block)} steps) runs past the trace (steps 1..{trace.n})')
@@ -174,7 +178,8 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
   Rows: {id, domain, trace_len, k, tau, parsed, answer, answer_after, regen_parsed,
     S, phi, same (S > τ_sim), strength, violation, forced, continuation, implied_before, implied_after};
     an item whose original output does not parse gives one row with tau
-    'parse_failure' (parsed False) and no interventions.
+    'parse_failure' (parsed False) and no interventions; a step whose content lacks
+    the form τ needs gives a row with applied False (counted as uneditable).
   """
   for t in taus:
     if t not in TAUS:
@@ -203,7 +208,10 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
       check_step(i, tr, k)
       for t in taus:
         got = intervene(domain, item, tr, k, t)
-        if got is not None:
+        if got == UNEDITABLE:
+          rows.append(dict(id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t,
+                           parsed=True, applied=False))
+        elif got is not None:
           calls.append((item, i, tr, k, t, got[0], got[1]))
   if calls:
     conts = reader.continue_from(
@@ -220,7 +228,7 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
     s = 0.0 if a_star is None else float(domain.similarity(tr.answer, a_star))
     strong = e.strength is not None and e.strength > lam
     rows.append(dict(
-        id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t, parsed=True,
+        id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t, parsed=True, applied=True,
         answer=_show(tr.answer), answer_after=_show(a_star), regen_parsed=after is not None,
         S=s, phi=1.0 - s, same=s > tau_sim, strength=e.strength,
         violation=None if e.strength is None else float(s > tau_sim and strong),
@@ -291,7 +299,9 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
   """
   n_items = len({(x['domain'], _hashable(x['id'])) for x in rows})
   fails = [x for x in rows if x['tau'] == 'parse_failure']
-  scored = [x for x in rows if x['tau'] != 'parse_failure']
+  scored = [x for x in rows if x['tau'] != 'parse_failure' and x.get('applied', True)]
+  uneditable = collections.Counter((x['domain'], x['tau']) for x in rows
+                                   if x['tau'] != 'parse_failure' and not x.get('applied', True))
   edits = [x for x in scored if x['tau'] != IDENTITY]
   ident = [x for x in scored if x['tau'] == IDENTITY]
   out = dict(
@@ -299,7 +309,9 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
       parse_failure_rate=len(fails) / n_items if n_items else None,
       parse_failure_by_domain={d: sum(x['domain'] == d for x in fails) for d in
                                sorted({x['domain'] for x in rows})},
-      identity=cell(ident, seed=seed), all=cell(edits, seed=seed), tau_sim=tau_sim)
+      identity=cell(ident, seed=seed), all=cell(edits, seed=seed), tau_sim=tau_sim,
+      uneditable={d: {t: n for (d2, t), n in sorted(uneditable.items()) if d2 == d}
+                  for d in sorted({d for d, _ in uneditable})})
   for key in BREAKDOWNS:
     groups = collections.defaultdict(list)
     for x in edits:
@@ -341,6 +353,9 @@ def table(summary: dict) -> str:
                      f"{fmt(c['same_unknown']) if c['n_unknown_strength'] else '—'} | "
                      f"{c['regen_parse_failure']:.3f} |")
   i = summary['identity']
+  for d, ts_ in summary.get('uneditable', {}).items():
+    lines += ['', f"{d}: steps whose content lacks the form the intervention needs "
+              f"(no intervention, counted): {dict(ts_)}"]
   lines += ['', f"identity (s'_k = s_k, n={i['n']}): φ = {fmt(i['phi'])}; "
             f"parse failures: {summary['n_parse_failure']} of {summary['n_items']} items"]
   return '\n'.join(lines)

@@ -22,7 +22,8 @@ A text trace is
     violation).
 S is SQuAD-normalised exact match, else token F1 (no LLM judge offline); on
 arithmetic, exact match of the integer answer (SQuAD normalisation drops '-').
-A step whose content does not have the domain's form gets no edit of that τ.
+A step whose content lacks the form τ needs (no "a op n = r"; a quote without
+the answer) gets no intervention and is counted (`uneditable` in the summary).
 
 No arrays: per-item Python.
 """
@@ -217,9 +218,11 @@ class ArithmeticDomain(TextDomain):
         return None
       block = (steps[k], steps[k - 1])
     else:
-      p = parse_step(steps[k - 1])
-      if p is None or tau not in (ts.LOGIC_FLIP, ts.FACT_REVERSAL):
+      if tau not in (ts.LOGIC_FLIP, ts.FACT_REVERSAL):
         return None
+      p = parse_step(steps[k - 1])
+      if p is None:
+        return ts.UNEDITABLE
       a, op, n, r = p
       if tau == ts.LOGIC_FLIP:
         op = FLIP[op]
@@ -327,7 +330,7 @@ class FactualDomain(TextDomain):
         if at >= 0:
           block = (step[:at] + item.swap + step[at + len(mention):],)
           return ts.Edit(block, 1.0, mention, item.swap)
-      return None
+      return ts.UNEDITABLE  # the quote mentions neither the answer nor the gold
     if tau == ts.PREMISE_NEGATION:
       return ts.Edit((negate(step),), None)
     return None  # LogicFlip / CausalInversion: not defined on a one-quote trace
