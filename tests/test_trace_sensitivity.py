@@ -209,6 +209,8 @@ def test_bad_arguments_are_named(items):
     ts.run_traces(r, DOMAIN, items, tau_sim=2.0)
   with pytest.raises(ValueError, match='lam'):
     ts.run_traces(r, DOMAIN, items, lam=-1)
+  with pytest.raises(ValueError, match='positions'):
+    ts.run_traces(r, DOMAIN, items, positions=(1, 1))
   assert ts.run_traces(r, DOMAIN, []) == []
 
 

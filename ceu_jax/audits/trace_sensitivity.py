@@ -188,6 +188,8 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
     raise ValueError(f'tau_sim must lie in [0, 1], got {tau_sim!r}')
   if not 0.0 <= lam <= 1.0:
     raise ValueError(f'lam (λ) must lie in [0, 1], got {lam!r}')
+  if positions is not None and len(set(positions)) != len(tuple(positions)):
+    raise ValueError(f'positions must be distinct step indices, got {tuple(positions)}')
   items = list(items)
   if not items:
     return []
