@@ -1,0 +1,229 @@
+"""The trace-sensitivity job: world → items per domain → audit rows → outputs (issue #17).
+
+  run_trace_sensitivity(config, workdir)   # experiments/trace_sensitivity.py calls this
+
+Worlds (config.world; configs/trace_sensitivity.py documents every field):
+  chain    World A: chained ATR items (ceu_jax.audits.trace_world) read by the
+           trace oracles (following / ignoring / a seeded mixture);
+  smollm2  World B: SmolLM2-135M-Instruct with few-shot "Step i:" traces on
+           templated arithmetic and on factual questions with their gold
+           passage (ceu_jax.audits.trace_text).
+
+Work is done in chunks of items per (reader, domain), each saved under
+W/chunks atomically; a rerun skips finished chunks (resumable). The config is
+checked against W/config.json first (a different config is refused, naming the
+fields) and W/.trace_sensitivity.lock keeps a second job out. Outputs (atomic):
+  rows.csv       one row per (reader, item, k, τ) and one per unparseable item
+  summary.json   per reader: parse failures, identity check, φ / ρ overall and
+                 by domain, τ, k, trace length, domain × τ (bootstrap CIs)
+  report.md      the φ / ρ table by domain × τ, by trace length, the plot
+  rho_by_length.png/pdf   ρ against trace length (one line per reader × domain)
+"""
+from __future__ import annotations
+
+import csv
+import io as _io
+import json
+import os
+import time
+from typing import Callable, Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from ceu_jax import io, plotting
+from ceu_jax import workdir as workdir_lib
+from ceu_jax.audits import trace_sensitivity as ts
+from ceu_jax.progress import Progress
+
+ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'applied', 'answer',
+               'answer_after', 'regen_parsed', 'S', 'phi', 'same', 'strength', 'violation',
+               'implied_before', 'implied_after', 'forced', 'continuation', 'raw')
+WORLDS = ('chain', 'smollm2')
+CHAIN_READERS = ('following', 'ignoring', 'mixture')
+FREE_FIELDS = ('plots',)  # may change between a run and its resumption
+
+
+class ChainWorld:
+  """World A with the trace oracles."""
+  title = 'World A: chained ATR, trace oracles'
+
+  def __init__(self, config):
+    from ceu_jax.audits import trace_world as tw
+    a = config.chain
+    for r in a.readers:
+      if r not in CHAIN_READERS:
+        raise ValueError(f'chain.readers: {r!r} is not one of {CHAIN_READERS}')
+    if not 0.0 <= a.mixture_share <= 1.0:
+      raise ValueError(f'chain.mixture_share must lie in [0, 1], got {a.mixture_share!r}')
+    self.tw, self.cfg = tw, tw.ChainConfig(hops=tuple(a.hops), n_lines=a.n_lines,
+                                           n_same_id=a.n_same_id)
+    self.a = a
+    self.readers = tuple(a.readers)
+    self.domain = tw.ChainDomain(self.cfg)
+    self.items = {'chain': tw.make_items(self.cfg, int(config.n_items), int(config.seed))}
+    self.domains = {'chain': self.domain}
+
+  def prepare(self, workdir, log):
+    pass
+
+  def reader(self, name):
+    tw, d, items = self.tw, self.domain, self.items['chain']
+    if name == 'following':
+      return tw.following_oracle(d, items)
+    if name == 'ignoring':
+      return tw.ignoring_oracle(d, items)
+    return tw.mixture_oracle(d, items, float(self.a.mixture_share), int(self.a.mixture_seed))
+
+  def describe(self) -> str:
+    return ('Chains of h ∈ {%s} hops; the trace is the h − 1 bridge ids, the answer the value; '
+            'Strength from the trace-following function (exact). LogicFlip has no meaning in '
+            'this world (a trace of ids states no operator) and is not applied. Readers: '
+            'oracles that follow their trace, ignore it, or a seeded per-item mixture '
+            '(share %.2f follows).' % (', '.join(map(str, self.cfg.hops)),
+                                       self.a.mixture_share))
+
+
+def make_world(config):
+  """The world of a config (validated before anything is built or written)."""
+  if config.world not in WORLDS:
+    raise ValueError(f'world must be one of {WORLDS}, got {config.world!r}')
+  if int(config.n_items) < 1:
+    raise ValueError(f'n_items must be >= 1, got {config.n_items!r}')
+  if int(config.chunk_size) < 1:
+    raise ValueError(f'chunk_size must be >= 1, got {config.chunk_size!r}')
+  for t in config.taus:
+    if t not in ts.TAUS:
+      raise ValueError(f'taus: {t!r} is not one of {ts.TAUS}')
+  for name, lo, hi in (('tau_sim', 0.0, 1.0), ('lam', 0.0, 1.0)):
+    if not lo <= float(config[name]) <= hi:
+      raise ValueError(f'{name} must lie in [{lo}, {hi}], got {config[name]!r}')
+  if config.world == 'chain':
+    return ChainWorld(config)
+  from ceu_jax.audits import trace_text
+  return trace_text.SmolLM2World(config)
+
+
+def _check_config(config, workdir: str) -> None:
+  stored = workdir_lib.read_config_json(workdir)
+  if stored is None:
+    return
+  diff = [d for d in workdir_lib.config_diff(stored, config)
+          if not any(d[0] == f or d[0].startswith(f + '.') for f in FREE_FIELDS)]
+  if diff:
+    raise workdir_lib.WorkdirConfigError(
+        f'{workdir} holds a trace-sensitivity run of a different config: '
+        f'{workdir_lib.format_diff(diff)}. Use another --workdir.', diff)
+
+
+def run_trace_sensitivity(config, workdir: str, log: Callable[[str], None] = print) -> dict:
+  """Run (or resume) the audit; returns the summary dict (also in W/summary.json)."""
+  world = make_world(config)
+  os.makedirs(os.path.join(workdir, 'chunks'), exist_ok=True)
+  _check_config(config, workdir)
+  t0 = time.time()
+  cs = int(config.chunk_size)
+  positions = tuple(config.positions) or None
+  with workdir_lib.WorkdirLock(workdir, 'trace_sensitivity'):
+    if workdir_lib.read_config_json(workdir) is None:
+      io.write_json_atomic(os.path.join(workdir, workdir_lib.CONFIG_FILE), config.to_dict())
+    world.prepare(workdir, log)
+    n_max = max(len(x) for x in world.items.values())
+    units = [(r, d, lo) for r in world.readers for lo in range(0, n_max, cs)
+             for d in world.domains if lo < len(world.items[d])]  # domains interleaved
+    path = lambda u: os.path.join(workdir, 'chunks', f'{u[0]}_{u[1]}_{u[2]:05d}.json')
+    done = sum(os.path.exists(path(u)) for u in units)
+    prog = Progress(total=len(units), done=done)
+    log(f'trace sensitivity ({config.world}): {len(units)} chunks, {done} done before')
+    readers: dict = {}
+    for u in units:
+      if os.path.exists(path(u)):
+        continue
+      if u[0] not in readers:
+        readers[u[0]] = world.reader(u[0])
+      t1 = time.time()
+      rows = ts.run_traces(readers[u[0]], world.domains[u[1]], world.items[u[1]][u[2]:u[2] + cs],
+                           taus=tuple(config.taus), positions=positions,
+                           tau_sim=float(config.tau_sim), lam=float(config.lam))
+      io.write_json_atomic(path(u), dict(rows=rows, wall_s=round(time.time() - t1, 2)))
+      done += 1
+      log(f'chunk {done}/{len(units)} ({u[0]} / {u[1]} from item {u[2]}, {len(rows)} rows; '
+          f'{prog.update(done)})')
+    parts = {r: [io.read_json(path(u)) for u in units if u[0] == r] for r in world.readers}
+    summary = dict(world=config.world, config=config.to_dict(), title=world.title,
+                   describe=world.describe(),
+                   n_items={d: len(x) for d, x in world.items.items()},
+                   readers={r: ts.summarize([x for p in ps for x in p['rows']],
+                                            tau_sim=float(config.tau_sim),
+                                            seed=int(config.bootstrap_seed))
+                            for r, ps in parts.items()},
+                   reader_wall_s={r: round(sum(p['wall_s'] for p in ps), 1)
+                                  for r, ps in parts.items()},
+                   wall_s_this_run=round(time.time() - t0, 1))
+    summary = json.loads(json.dumps(summary))
+    _write_outputs(config, workdir, parts, summary)
+  return summary
+
+
+def _csv(path: str, rows: Sequence[dict]) -> None:
+  buf = _io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=list(ROW_COLUMNS), extrasaction='ignore')
+  w.writeheader()
+  for x in rows:
+    w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in x.items()})
+  io.write_text_atomic(path, buf.getvalue())
+
+
+def rho_by_length_figure(readers: dict, stem: str) -> list[str]:
+  """ρ (95% CI) against trace length, one line per reader × domain."""
+  fig = Figure(figsize=(5.0, 3.4))
+  ax = fig.add_subplot(1, 1, 1)
+  for r, s in readers.items():
+    for d, cells in s['by_domain_len'].items():
+      pts = [(int(L), c['rho']) for L, c in cells.items() if c['rho']['value'] is not None]
+      if not pts:
+        continue
+      pts.sort()
+      xs = [p[0] for p in pts]
+      ys = [p[1]['value'] for p in pts]
+      lo = [p[1]['value'] - p[1]['ci_low'] for p in pts]
+      hi = [p[1]['ci_high'] - p[1]['value'] for p in pts]
+      ax.errorbar(xs, ys, yerr=[lo, hi], marker='o', capsize=3, label=f'{r} / {d}')
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.set_xlabel('trace length (steps)')
+  ax.set_ylabel('violation density ρ')
+  ax.set_ylim(-0.05, 1.05)
+  if ax.get_legend_handles_labels()[1]:
+    ax.legend(fontsize=7, loc='center right')
+  else:
+    ax.text(0.5, 0.5, 'no parsed trace', ha='center', transform=ax.transAxes)
+  fig.tight_layout()
+  return plotting.save_figure(fig, stem)
+
+
+def _write_outputs(config, workdir: str, parts: dict, summary: dict) -> None:
+  rows = [dict(x, reader=r) for r, ps in parts.items() for p in ps for x in p['rows']]
+  _csv(os.path.join(workdir, 'rows.csv'), rows)
+  md = [f"# Trace sensitivity ({summary['title']})", '', summary['describe'], '',
+        f"τ_sim = {config.tau_sim}, λ = {config.lam}; φ = 1 − S(a, a*), "
+        'ρ = mean 1[S > τ_sim ∧ Strength > λ] over interventions of known strength; '
+        '95% percentile-bootstrap CIs resampling items (seed '
+        f'{config.bootstrap_seed}). Offline there is no LLM judge: S is exact match '
+        '(tokens) or SQuAD token F1 (text).']
+  for r, s in summary['readers'].items():
+    md += ['', f'## {r}', '', f"items: {s['n_items']}, parse failures: {s['n_parse_failure']} "
+           f"(rate {s['parse_failure_rate']:.3f}); reader wall time "
+           f"{summary['reader_wall_s'][r]:.0f} s", '', ts.table(s), '', '### By trace length', '',
+           ts.by_length_table(s), '', '### By intervention position k', '', _k_table(s)]
+  if config.plots:
+    rho_by_length_figure(summary['readers'], os.path.join(workdir, 'rho_by_length'))
+    md += ['', '![ρ by trace length](rho_by_length.png)']
+  io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
+  io.write_text_atomic(os.path.join(workdir, 'report.md'), '\n'.join(md) + '\n')
+
+
+def _k_table(s: dict) -> str:
+  lines = ['| k | n | φ [95% CI] | ρ [95% CI] |', '|---:|---:|---|---|']
+  for k, c in s['by_k'].items():
+    lines.append(f"| {k} | {c['n']} | {ts.fmt(c['phi'])} | {ts.fmt(c['rho'])} |")
+  return '\n'.join(lines)

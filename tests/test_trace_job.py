@@ -1,0 +1,90 @@
+"""The trace-sensitivity entry point: World A tiny end to end, resume, config checks (issue #17)."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ceu_jax import workdir as workdir_lib
+from ceu_jax.audits import trace_job
+from configs import trace_sensitivity as cfgs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tiny_chain_entry_point(tmp_path):
+  w = str(tmp_path / 'w')
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, '-m', 'experiments.trace_sensitivity', '--config',
+                        'configs/trace_sensitivity.py:tiny', '--workdir', w],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  s = json.load(open(os.path.join(w, 'summary.json')))
+  r = s['readers']
+  assert r['following']['all']['phi']['value'] == 1.0 and r['following']['all']['rho']['value'] == 0.0
+  assert r['ignoring']['all']['phi']['value'] == 0.0 and r['ignoring']['all']['rho']['value'] == 1.0
+  for x in r.values():
+    assert x['identity']['phi']['value'] == 0.0 and x['parse_failure_rate'] == 0.0
+    assert set(x['by_trace_len']) == {'1', '2', '3'}
+  with open(os.path.join(w, 'rows.csv')) as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == sum(x['all']['n'] + x['identity']['n'] for x in r.values())
+  for name in ('report.md', 'rho_by_length.png', 'rho_by_length.pdf'):
+    assert os.path.getsize(os.path.join(w, name)) > 0
+  assert 'LogicFlip has no meaning' in open(os.path.join(w, 'report.md')).read()
+
+
+def test_resume_and_config_check(tmp_path):
+  w = str(tmp_path / 'w')
+  c = cfgs.get_config('tiny,n_items=12')
+  with c.unlocked():
+    c.chunk_size = 5
+    c.chain.readers = ('mixture',)
+  logs = []
+  s1 = trace_job.run_trace_sensitivity(c, w, log=logs.append)
+  chunks = sorted(os.listdir(os.path.join(w, 'chunks')))
+  assert len(chunks) == 3
+  os.remove(os.path.join(w, 'chunks', chunks[1]))
+  logs.clear()
+  s2 = trace_job.run_trace_sensitivity(c, w, log=logs.append)
+  assert '3 chunks, 2 done before' in logs[0] and sum(x.startswith('chunk ') for x in logs) == 1
+  assert s2['readers'] == s1['readers']
+  other = cfgs.get_config('tiny,n_items=13')
+  with other.unlocked():
+    other.chunk_size = 5
+    other.chain.readers = ('mixture',)
+  with pytest.raises(workdir_lib.WorkdirConfigError, match='n_items'):
+    trace_job.run_trace_sensitivity(other, w)
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('tau_sim', 1.5, 'tau_sim'), ('lam', -0.1, 'lam'), ('taus', ('flip',), 'taus'),
+    ('world', 'mars', 'world'), ('n_items', 0, 'n_items'), ('chunk_size', 0, 'chunk_size')])
+def test_bad_config_fails_before_any_work(tmp_path, field, value, match):
+  c = cfgs.get_config('tiny')
+  with c.unlocked():
+    c[field] = value
+  with pytest.raises(ValueError, match=match):
+    trace_job.run_trace_sensitivity(c, str(tmp_path / 'w'))
+  assert not os.path.exists(tmp_path / 'w')
+
+
+def test_config_arguments():
+  assert cfgs.get_config('tiny').n_items == 40
+  assert cfgs.get_config('tiny,world=smollm2').n_items == 1
+  assert cfgs.get_config('full,world=smollm2').n_items == 150
+  with pytest.raises(ValueError, match='world must be one of chain, smollm2'):
+    cfgs.get_config('tiny,world=mars')
+  with pytest.raises(ValueError, match='variant'):
+    cfgs.get_config('huge')
+
+
+def test_trace_modules_never_import_architectures():
+  code = ('import sys, ceu_jax.audits.trace_sensitivity, ceu_jax.audits.trace_world, '
+          'ceu_jax.audits.trace_text, ceu_jax.audits.trace_job; '
+          'print(sorted(m for m in sys.modules if m.split(".")[0] == "architectures"))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert out.stdout.strip() == '[]'
