@@ -10,7 +10,7 @@ Tiny (the CI test runs it): `:tiny` (attention only, faithful + shortcut, 30
 training steps, 64 items), `:tiny,world=oracle`.
 Arguments after the variant: world (atr | oracle), n_items, steps (training
 steps of every World A reader), families (a '+'-joined list, e.g.
-attention+ssm), regimes (e.g. faithful+shortcut).
+attention+ssm), regimes (e.g. faithful+shortcut), tools (both | off | on).
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def train_config(family: str, regime: str, tool: bool, tiny: bool, steps=None):
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = common.parse_arg(arg, variant='full', world=common.Opt(str, choices=WORLDS),
                        n_items=common.Opt(int, 1), steps=common.Opt(int, 1),
-                       families=common.Opt(str), regimes=common.Opt(str))
+                       families=common.Opt(str), regimes=common.Opt(str),
+                       tools=common.Opt(str, choices=('both', 'off', 'on')))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   tiny = a.variant == 'tiny'
@@ -76,7 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.bootstrap_seed = 42                # percentile bootstrap seed (SPEC §8)
   c.min_cell = 10                      # COR / CNF cells with fewer items are dropped
   c.plots = True                       # write cor_cnf.png/pdf and fid_fstrong.png/pdf
-  c.tools = (False, True)              # audit without and with the tool
+  c.tools = {'off': (False,), 'on': (True,)}.get(a.tools, (False, True))  # without / with the tool
 
   c.atr = x = ml_collections.ConfigDict()  # World A
   fams = tuple(a.families.split('+')) if a.families else (
@@ -91,8 +92,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   x.regimes = regs                     # training regimes
   x.steps = a.steps or (30 if tiny else 1500)  # training steps of every reader
   x.batch_size = 256                   # reader rows per forward
-  x.data = data_section()              # the audited world (regime / tool set per reader)
-  x.train = train_config(fams[0], regs[0], False, tiny, x.steps)  # template; family/regime/tool per reader
+  x.probe_items = 64 if tiny else 500  # §8.4 decision-position probe items per reader (0: off)
+  x.data = data_section()              # the world (training: regime / tool set per reader;
+                                       # training config: train_config() below)
 
   c.oracle = o = ml_collections.ConfigDict()  # oracle world
   o.p_error = 0.2                      # share of items whose M̂ has one claim flipped

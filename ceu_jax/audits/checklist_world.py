@@ -110,5 +110,5 @@ class ChecklistTask:
       line = ctx[s:s + checklist.LINE_LEN]
       if line[0] == v.tok('ID') and line[1] == q_id:
         bound[line[3]] = line[5]
-    claims = [(q[4 + 4 * j], q[6 + 4 * j]) for j in range(self.r)]
+    claims = [(q[4 + j], q[5 + self.r + j]) for j in range(self.r)]  # query layout: data.checklist
     return tuple(int(bound.get(k) == val) for k, val in claims)

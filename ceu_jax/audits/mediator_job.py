@@ -78,23 +78,26 @@ def _setting(name: str, tool: bool) -> str:
 
 
 def make_reader(config, task: ChecklistTask, name: str, tool: bool, workdir: str, log):
-  """The reader of one setting (World A readers are trained here if needed)."""
+  """(reader, its training config or None) of one setting (World A: trained here if needed)."""
   if config.world == 'oracle':
     from ceu_jax.readers import mediator_oracles as mo
     o = config.oracle
     if name == 'follower':
-      return mo.MediatorFollower(task, tool=tool, p_error=o.p_error, p_swap=o.p_swap)
+      return mo.MediatorFollower(task, tool=tool, p_error=o.p_error, p_swap=o.p_swap), None
     if name == 'gold_computer':
-      return mo.GoldComputer(task, tool=tool, p_error=o.p_error, p_swap=o.p_swap)
-    return mo.ConstantReader(task, tuple(o.constant), o.constant_y, tool=tool)
+      return mo.GoldComputer(task, tool=tool, p_error=o.p_error, p_swap=o.p_swap), None
+    return mo.ConstantReader(task, tuple(o.constant), o.constant_y, tool=tool), None
   from configs import mediator as mediator_config
   from ceu_jax.audits.trained import trained_reader
   family, regime = name.split('/')
   tc = mediator_config.train_config(family, regime, tool, config.variant == 'tiny',
                                     config.atr.steps)
+  with tc.unlocked():
+    tc.data = type(tc.data)(config.atr.data.to_dict())  # the audited world, this regime / tool
+    tc.data.regime, tc.data.tool = regime, tool
   sub = os.path.join(workdir, 'train', f'{family}_{regime}{"_tool" if tool else ""}')
-  reader, _ = trained_reader(tc, sub, log, batch_size=config.atr.batch_size)
-  return reader
+  reader, loaded = trained_reader(tc, sub, log, batch_size=config.atr.batch_size)
+  return reader, tc
 
 
 def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> dict:
@@ -122,7 +125,7 @@ def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> di
         continue
       (name, tool), k = u
       if (name, tool) not in readers:
-        readers[(name, tool)] = make_reader(config, task, name, tool, workdir, log)
+        readers[(name, tool)] = make_reader(config, task, name, tool, workdir, log)[0]
       lo, hi = k * config.chunk_size, (k + 1) * config.chunk_size
       rows = md.run_audit(readers[(name, tool)], task, items[lo:hi], ids[lo:hi], tool=tool)
       io.write_json_atomic(path(u), [md.row_record(r) for r in rows])
@@ -133,10 +136,33 @@ def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> di
     for (name, tool), rs in rows.items():
       s = md.summarize([_typed(r) for r in rs], seed=config.bootstrap_seed, min_cell=config.min_cell)
       summary['settings'][_setting(name, tool)] = dict(reader=name, tool=tool, **md.to_json(s))
+    if config.world == 'atr' and config.atr.probe_items > 0:
+      for name, tool in settings:
+        summary['settings'][_setting(name, tool)]['probe'] = _probe(
+            config, task, name, tool, workdir, log, readers.get((name, tool)))
     summary['wall_s_this_run'] = round(time.time() - t0, 1)
     summary = json.loads(json.dumps(summary))
     _write_outputs(config, workdir, rows, summary)
   return summary
+
+
+def _probe(config, task, name, tool, workdir, log, reader=None) -> dict:
+  """The §8.4 decision-position probe of one World A setting (cached in W/probes)."""
+  import dataclasses
+  from ceu_jax.audits import mediator_probe
+  from ceu_jax.auditor import audited_model
+  path = os.path.join(workdir, 'probes', f"{_setting(name, tool).replace('/', '_').replace(' +', '_')}.json")
+  if os.path.exists(path):
+    return io.read_json(path)
+  reader, tc = make_reader(config, task, name, tool, workdir, log)
+  bundle = audited_model(tc)
+  cfg = dataclasses.replace(task.cfg, tool=tool)
+  out = mediator_probe.decision_probe(reader.model, reader.variables, bundle.site, cfg,
+                                      config.atr.probe_items, seed=config.seed,
+                                      boot_seed=config.bootstrap_seed)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  io.write_json_atomic(path, out)
+  return out
 
 
 def _typed(r: dict) -> dict:

@@ -7,7 +7,7 @@ reader writes TOOL and an argument (r YES / NO tokens); the decision is
 C(argument), executed outside the model.
 
 Example (r = 3):
-  query  : [BOS] ID #17 KEY k_3 VALUE v_8 KEY k_9 VALUE v_1 KEY k_5 VALUE v_2 ?
+  query  : [BOS] ID #17 KEY k_3 k_9 k_5 VALUE v_8 v_1 v_2 ?    (claim j: KEY k_j VALUE v_j)
   context: [P] ID #17 KEY k_3 VALUE v_8 . NOTE w_4 … . ID #40 KEY k_9 VALUE v_1 . …
   answer : YES NO YES N2            (tool: YES NO YES TOOL YES NO YES)
 Each claim is true with probability ½; the ID's evidence line for every
@@ -171,7 +171,7 @@ class ChecklistConfig:
 
   @property
   def query_len(self) -> int:
-    return 3 + 4 * self.r + 1  # [BOS] ID #q (KEY k VALUE v)×r ?
+    return 2 * self.r + 6  # [BOS] ID #q KEY k_1 … k_r VALUE v_1 … v_r ?
 
   @property
   def answer_len(self) -> int:
@@ -256,10 +256,9 @@ def example(cfg: ChecklistConfig, seed: int, split: str, index: int, row: int) -
   context[np.arange(cfg.num_passages) * cfg.passage_len] = v.tok('[P]')
   for s, line in zip(line_starts(cfg), lines):
     context[s:s + LINE_LEN] = line
-  query = [v.tok('[BOS]'), v.tok('ID'), v.id_base + q_id]
-  for j in range(r):
-    query += [v.tok('KEY'), v.key_base + int(keys[j]), v.tok('VALUE'), v.value_base + int(claimed[j])]
-  query.append(v.tok('?'))
+  query = ([v.tok('[BOS]'), v.tok('ID'), v.id_base + q_id, v.tok('KEY')]
+           + [v.key_base + int(k) for k in keys] + [v.tok('VALUE')]
+           + [v.value_base + int(c) for c in claimed] + [v.tok('?')])
   m_forced = gold.copy()
   if split == 'train' and cfg.regime != 'plain' and rng.random() < cfg.p_corrupt:
     m_forced[int(rng.integers(r))] ^= 1
