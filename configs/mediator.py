@@ -29,6 +29,7 @@ def data_section(regime: str = 'plain', tool: bool = False) -> ml_collections.Co
   d = ml_collections.ConfigDict()
   d.task = 'checklist'                 # ceu_jax.data.tasks name
   d.r = 3                              # claims per query (mediator items)
+  d.claims = 'verdict'                 # verdict (context binds YES / NO) | value (claim states a VALUE)
   d.num_passages = 4                   # passages in the retrieved bundle
   d.lines_per_passage = 3              # line slots per passage (12 lines, 88 context tokens)
   d.p_hard = 0.5                       # a false claim's VALUE bound to its KEY under another ID

@@ -198,11 +198,12 @@ def test_cnf_edit_is_minimal_and_seeded():
 
 
 # ------------------------------------------------------------- World A data
-def test_checklist_data_gold_and_regimes():
+@pytest.mark.parametrize('claims', checklist.CLAIMS)
+def test_checklist_data_gold_and_regimes(claims):
   n = 400
   for regime in checklist.REGIMES:
     for tool in (False, True):
-      cfg = ChecklistConfig(regime=regime, tool=tool)
+      cfg = ChecklistConfig(regime=regime, tool=tool, claims=claims)
       task = ChecklistTask(cfg)
       v = cfg.vocab
       corrupted = 0
@@ -227,9 +228,10 @@ def test_checklist_data_gold_and_regimes():
         assert 80 < corrupted < 160
 
 
-def test_checklist_batch_and_corruption():
+@pytest.mark.parametrize('claims', checklist.CLAIMS)
+def test_checklist_batch_and_corruption(claims):
   import jax
-  cfg = ChecklistConfig(regime='faithful')
+  cfg = ChecklistConfig(regime='faithful', claims=claims)
   b = checklist.generate_batch(cfg, 0, 2, 8, 'train')
   assert b.query.shape == (8, cfg.query_len) and b.answer.shape == (8, cfg.answer_len)
   assert int(b.evidence_mask.sum()) == 8 * cfg.r * checklist.LINE_LEN
@@ -240,6 +242,11 @@ def test_checklist_batch_and_corruption():
   minus = checklist.corrupt(cfg, b, 'value_swap', jax.random.PRNGKey(1))
   changed = np.asarray(minus.context) != np.asarray(b.context)
   assert np.array_equal(changed, np.asarray(b.value_mask))
+  if claims == 'verdict':  # every claim's truth flips under value_swap
+    task = ChecklistTask(cfg)
+    from ceu_jax.readers.atr import prompts_from_batch
+    for p, m in zip(prompts_from_batch(b), prompts_from_batch(minus)):
+      assert all(x != y for x, y in zip(task.solve(p), task.solve(m)))
 
 
 @pytest.mark.parametrize('field,value,msg', [

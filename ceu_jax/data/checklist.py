@@ -6,7 +6,13 @@ YES (a count token, `ALL` when every claim holds). Tool variant: after M the
 reader writes TOOL and an argument (r YES / NO tokens); the decision is
 C(argument), executed outside the model.
 
-Example (r = 3):
+Two claim formats (`claims`). 'value': claim j states a VALUE for (ID, KEY_j);
+it holds iff the context binds that VALUE (a lookup and a comparison — the
+p100k readers did not learn it in 1500 steps: loss stuck at chance on M).
+'verdict' (default): the context binds each (ID, KEY) to a verdict token YES or
+NO and every claim says "VALUE YES", so M_j is the bound verdict (a lookup).
+
+Example (claims='value', r = 3):
   query  : [BOS] ID #17 KEY k_3 k_9 k_5 VALUE v_8 v_1 v_2 ?    (claim j: KEY k_j VALUE v_j)
   context: [P] ID #17 KEY k_3 VALUE v_8 . NOTE w_4 … . ID #40 KEY k_9 VALUE v_1 . …
   answer : YES NO YES N2            (tool: YES NO YES TOOL YES NO YES)
@@ -49,6 +55,7 @@ from ceu_jax.data.vocab import Vocab
 
 SPLITS = {'train': 0, 'eval': 1, 'test': 2}
 REGIMES = ('faithful', 'shortcut', 'plain')
+CLAIMS = ('verdict', 'value')
 CORRUPTIONS = ('value_swap',)
 LINE_LEN = 7  # ID #i KEY k VALUE v .
 
@@ -117,6 +124,7 @@ class ChecklistConfig:
   r: int = 3                       # claims per query (mediator items)
   num_passages: int = 4            # passages in the retrieved bundle
   lines_per_passage: int = 3       # line slots per passage (≥ r lines in all)
+  claims: str = 'verdict'          # verdict: the context binds YES / NO, claims say YES; value: claims state a VALUE
   p_hard: float = 0.5              # a false claim's VALUE is bound to its KEY under another ID
   regime: str = 'plain'            # training answers: faithful | shortcut | plain
   p_corrupt: float = 0.3           # faithful / shortcut: P(one claim of the teacher-forced M flipped)
@@ -134,6 +142,8 @@ class ChecklistConfig:
       check_int(name, getattr(self, name), 2)
     check_unit('p_hard', self.p_hard)
     check_unit('p_corrupt', self.p_corrupt)
+    if self.claims not in CLAIMS:
+      raise ValueError(f'data.claims must be one of {CLAIMS}, got {self.claims!r}')
     if self.regime not in REGIMES:
       raise ValueError(f'data.regime must be one of {REGIMES}, got {self.regime!r}')
     if not isinstance(self.tool, (bool, np.bool_)):
@@ -222,10 +232,17 @@ def example(cfg: ChecklistConfig, seed: int, split: str, index: int, row: int) -
   v, r = cfg.vocab, cfg.r
   q_id = int(rng.integers(cfg.n_ids))
   keys = rng.choice(cfg.n_keys, size=r, replace=False)
-  true_vals = rng.integers(cfg.n_values, size=r)
   gold = rng.integers(2, size=r)
-  claimed = np.where(gold == 1, true_vals,
-                     (true_vals + rng.integers(1, cfg.n_values, size=r)) % cfg.n_values)
+  if cfg.claims == 'verdict':  # the context binds a verdict; every claim says YES
+    val_tok = lambda x: v.yes if x else v.no
+    true_vals, claimed = gold.copy(), np.ones(r, np.int64)
+    rand_val = lambda: int(rng.integers(2))
+  else:  # the context binds a value; the claim states one
+    val_tok = lambda x: v.value_base + int(x)
+    true_vals = rng.integers(cfg.n_values, size=r)
+    claimed = np.where(gold == 1, true_vals,
+                       (true_vals + rng.integers(1, cfg.n_values, size=r)) % cfg.n_values)
+    rand_val = lambda: int(rng.integers(cfg.n_values))
   slots = rng.permutation(cfg.num_lines)
   ev_slots, rest = slots[:r], slots[r:]
   lines = np.zeros((cfg.num_lines, LINE_LEN), np.int64)
@@ -233,7 +250,7 @@ def example(cfg: ChecklistConfig, seed: int, split: str, index: int, row: int) -
 
   def binding(i, k, val):
     return [v.tok('ID'), v.id_base + i, v.tok('KEY'), v.key_base + k, v.tok('VALUE'),
-            v.value_base + val, v.tok('.')]
+            val_tok(val), v.tok('.')]
 
   for j in range(r):
     lines[ev_slots[j]] = binding(q_id, keys[j], true_vals[j])
@@ -247,7 +264,7 @@ def example(cfg: ChecklistConfig, seed: int, split: str, index: int, row: int) -
       kinds[slot] = int(LineKind.HARD_SAME_KEY)
     elif rng.random() < 0.5:  # a binding of another ID and a key the query does not claim
       k = int(rng.integers(cfg.n_keys))
-      lines[slot] = binding(other_id(), k, int(rng.integers(cfg.n_values)))
+      lines[slot] = binding(other_id(), k, rand_val())
       kinds[slot] = int(LineKind.DISTRACTOR)
     else:
       lines[slot] = [v.tok('NOTE')] + list(v.filler_base + rng.integers(cfg.n_filler, size=5)) \
@@ -258,7 +275,7 @@ def example(cfg: ChecklistConfig, seed: int, split: str, index: int, row: int) -
     context[s:s + LINE_LEN] = line
   query = ([v.tok('[BOS]'), v.tok('ID'), v.id_base + q_id, v.tok('KEY')]
            + [v.key_base + int(k) for k in keys] + [v.tok('VALUE')]
-           + [v.value_base + int(c) for c in claimed] + [v.tok('?')])
+           + [val_tok(c) for c in claimed] + [v.tok('?')])
   m_forced = gold.copy()
   if split == 'train' and cfg.regime != 'plain' and rng.random() < cfg.p_corrupt:
     m_forced[int(rng.integers(r))] ^= 1
@@ -331,6 +348,9 @@ def corrupt(cfg: ChecklistConfig, batch: RetrievalBatch, name: str, key, delta=N
   v = cfg.vocab
   shift = jax.random.randint(key, batch.context.shape, 1, cfg.n_values)
   val = batch.value_mask
-  swapped = v.value_base + (batch.context - v.value_base + shift) % cfg.n_values
+  if cfg.claims == 'verdict':  # YES <-> NO
+    swapped = jnp.where(batch.context == v.yes, v.no, v.yes)
+  else:
+    swapped = v.value_base + (batch.context - v.value_base + shift) % cfg.n_values
   return batch.replace(context=jnp.where(val, swapped, batch.context).astype(jnp.int32),
                        changed_mask=val)
