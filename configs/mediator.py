@@ -4,11 +4,16 @@ World A — checklist ATR (exact M and C): the three families trained in three
 regimes (faithful / shortcut / plain), each with and without the tool (trained
 here in W/train/<family>_<regime>[_tool] unless done), audited on test items:
   python -m experiments.mediator --config configs/mediator.py --workdir runs/mediator_atr
+World B — SmolLM2-135M-Instruct grading text checklists (r = 4 "The passage
+mentions ⟨entity⟩." statements per shipped passage), three prompt regimes, with
+and without the tool:
+  python -m experiments.mediator --config configs/mediator.py:full,world=smollm2 --workdir runs/mediator_smollm2
 Oracle readers on World A items (exact known answers; no training):
   python -m experiments.mediator --config configs/mediator.py:full,world=oracle --workdir /tmp/med_oracle
 Tiny (the CI test runs it): `:tiny` (attention only, faithful + shortcut, 30
-training steps, 64 items), `:tiny,world=oracle`.
-Arguments after the variant: world (atr | oracle), n_items, steps (training
+training steps, 64 items), `:tiny,world=oracle`, `:tiny,world=smollm2` (2 of
+SmolLM2's 30 layers: plumbing only, 4 checklists).
+Arguments after the variant: world (atr | oracle | smollm2), n_items, steps (training
 steps of every World A reader), families (a '+'-joined list, e.g.
 attention+ssm), regimes (e.g. faithful+shortcut), tools (both | off | on).
 """
@@ -19,7 +24,7 @@ import ml_collections
 from configs import common
 
 VARIANTS = ('tiny', 'full')
-WORLDS = ('atr', 'oracle')
+WORLDS = ('atr', 'oracle', 'smollm2')
 FAMILIES = ('attention', 'ssm', 'memory_port')
 REGIMES = ('faithful', 'shortcut', 'plain')
 
@@ -72,7 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.variant = a.variant                # tiny | full
   c.world = a.world or 'atr'           # atr (trained World A readers) | oracle (oracle readers)
-  c.n_items = a.n_items or (64 if tiny else 1000)  # audited test items per reader
+  c.n_items = a.n_items or {'smollm2': (4, 150)}.get(c.world, (64, 1000))[int(not tiny)]  # items per setting
   c.seed = 0                           # test-item seed
   c.chunk_size = 500                   # items per resumable chunk
   c.bootstrap_seed = 42                # percentile bootstrap seed (SPEC §8)
@@ -96,6 +101,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   x.probe_items = 64 if tiny else 500  # §8.4 decision-position probe items per reader (0: off)
   x.data = data_section()              # the world (training: regime / tool set per reader;
                                        # training config: train_config() below)
+
+  c.smollm2 = b = ml_collections.ConfigDict()  # World B
+  b.regimes = ('standard', 'detailed', 'max_detailed')  # prompt regimes (003)
+  b.r = 4                              # statements per checklist
+  b.max_passage_words = 90             # passages of at most this many words
+  b.n_shots = 1                        # solved demonstrations (another passage) before the item
+  b.chat = True                        # ChatML prompts (the model's own template)
+  b.n_layers = 2 if tiny else 0        # SmolLM2 layers used (0: all 30; tiny: plumbing only)
+  b.batch_size = 4 if tiny else 16     # prompts per compiled decoder call
+  b.gguf_path = ''                     # GGUF file ('': $CEU_SMOLLM2_GGUF or the package's)
 
   c.oracle = o = ml_collections.ConfigDict()  # oracle world
   o.p_error = 0.2                      # share of items whose M̂ has one claim flipped

@@ -7,7 +7,10 @@ Worlds (configs/mediator.py documents every field):
           through `ceu_jax.audits.trained` in W/train/<family>_<regime>[_tool]
           (resumed / reused when done);
   oracle  World A items read by the oracle readers (follower, gold computer,
-          constant), exact known answers, no training.
+          constant), exact known answers, no training;
+  smollm2 World B: SmolLM2-135M-Instruct grades text checklists on the shipped
+          passages (`ceu_jax.audits.checklist_text`), one setting per prompt
+          regime × tool; the checklists are planned once in W/plan.json.
 A setting is (reader, tool). Work is saved per (setting, chunk of items) under
 W/chunks (atomically); a rerun skips finished chunks. The config is checked
 against W/config.json (a different one is refused, naming the fields) and a
@@ -20,6 +23,7 @@ lock keeps a second job out. Outputs, all written atomically (ceu_jax.io):
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io as _io
 import json
 import os
@@ -38,6 +42,7 @@ ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold',
                'arg', 'c_m_hat', 'consistent', 'm_star', 'forced', 'y_star', 'arg_star',
                'c_m_star', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
+WORLDS = ('atr', 'oracle', 'smollm2')
 
 
 def _check_config(config, workdir: str) -> None:
@@ -54,8 +59,8 @@ def _check_config(config, workdir: str) -> None:
 
 def _validate(config) -> ChecklistTask:
   """Checks that need no model (ValueError naming the field)."""
-  if config.world not in ('atr', 'oracle'):
-    raise ValueError(f"world must be 'atr' or 'oracle', got {config.world!r}")
+  if config.world not in WORLDS:
+    raise ValueError(f"world must be one of {WORLDS}, got {config.world!r}")
   for name in ('n_items', 'chunk_size', 'min_cell'):
     v = config[name]
     if not isinstance(v, int) or v < 1:
@@ -70,15 +75,56 @@ def _validate(config) -> ChecklistTask:
 def reader_names(config) -> list[str]:
   if config.world == 'oracle':
     return ['follower', 'gold_computer', 'constant']
+  if config.world == 'smollm2':
+    return [f'smollm2/{r}' for r in config.smollm2.regimes]
   return [f'{f}/{r}' for f in config.atr.families for r in config.atr.regimes]
+
+
+def world_items(config, task: ChecklistTask, workdir: str):
+  """(items, ids, per-setting task factory); World B's checklists are planned once in W/plan.json."""
+  if config.world != 'smollm2':
+    items = task.instances(config.n_items, config.seed)
+    return items, [f'x{k}' for k in range(len(items))], lambda name, tool: task
+  from ceu_jax.audits import checklist_text as ct
+  b = config.smollm2
+  path = os.path.join(workdir, 'plan.json')
+  if os.path.exists(path):
+    plan = [ct.Checklist(**{k: tuple(v) if isinstance(v, list) else v for k, v in x.items()})
+            for x in io.read_json(path)]
+  else:
+    plan = ct.build(config.n_items + 1, r=b.r, seed=config.seed, max_words=b.max_passage_words)
+    io.write_json_atomic(path, [dataclasses.asdict(c) for c in plan])
+  items, demo = plan[:-1], plan[-1]  # the demonstration is never audited
+  tasks = {}
+
+  def task_of(name, tool):
+    key = (name, tool)
+    if key not in tasks:
+      tasks[key] = ct.TextChecklistTask(name.split('/')[1], tool=tool, r=b.r,
+                                        demo=demo if b.n_shots else None, chat=b.chat)
+    return tasks[key]
+  return items, [c.id for c in items], task_of
 
 
 def _setting(name: str, tool: bool) -> str:
   return f'{name}{" +tool" if tool else ""}'
 
 
+_SMOLLM2 = None  # the one SmolLM2 reader of this process (World B: every setting)
+
+
 def make_reader(config, task: ChecklistTask, name: str, tool: bool, workdir: str, log):
   """(reader, its training config or None) of one setting (World A: trained here if needed)."""
+  if config.world == 'smollm2':
+    global _SMOLLM2
+    if _SMOLLM2 is None:
+      from ceu_jax.pretrained.decode import DecodeSettings
+      from ceu_jax.readers.smollm2 import SmolLM2Reader
+      b = config.smollm2
+      _SMOLLM2 = SmolLM2Reader.from_pretrained(
+          b.gguf_path or None, n_layers=b.n_layers or None, chat=b.chat,
+          settings=DecodeSettings(batch_size=b.batch_size))
+    return _SMOLLM2, None
   if config.world == 'oracle':
     from ceu_jax.readers import mediator_oracles as mo
     o = config.oracle
@@ -109,8 +155,7 @@ def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> di
   with workdir_lib.WorkdirLock(workdir, 'mediator'):
     if workdir_lib.read_config_json(workdir) is None:
       io.write_json_atomic(os.path.join(workdir, workdir_lib.CONFIG_FILE), config.to_dict())
-    items = task.instances(config.n_items, config.seed)
-    ids = [f'x{k}' for k in range(len(items))]
+    items, ids, task_of = world_items(config, task, workdir)
     n_chunks = -(-len(items) // config.chunk_size)
     settings = [(name, tool) for name in reader_names(config) for tool in config.tools]
     units = [(s, k) for s in settings for k in range(n_chunks)]
@@ -127,7 +172,8 @@ def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> di
       if (name, tool) not in readers:
         readers[(name, tool)] = make_reader(config, task, name, tool, workdir, log)[0]
       lo, hi = k * config.chunk_size, (k + 1) * config.chunk_size
-      rows = md.run_audit(readers[(name, tool)], task, items[lo:hi], ids[lo:hi], tool=tool)
+      rows = md.run_audit(readers[(name, tool)], task_of(name, tool), items[lo:hi], ids[lo:hi],
+                          tool=tool)
       io.write_json_atomic(path(u), [md.row_record(r) for r in rows])
       done += 1
       log(f'chunk {done}/{len(units)} ({_setting(name, tool)} #{k}; {prog.update(done)})')
@@ -148,7 +194,6 @@ def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> di
 
 def _probe(config, task, name, tool, workdir, log, reader=None) -> dict:
   """The §8.4 decision-position probe of one World A setting (cached in W/probes)."""
-  import dataclasses
   from ceu_jax.audits import mediator_probe
   from ceu_jax.auditor import audited_model
   path = os.path.join(workdir, 'probes', f"{_setting(name, tool).replace('/', '_').replace(' +', '_')}.json")
