@@ -82,3 +82,17 @@ def test_decision_probe_delta_matches_direct_forward(tool):
   want = float(np.mean(ll(plus) - ll(minus)))
   assert out['delta_L']['value'] == pytest.approx(want, abs=1e-5)
   assert out['n'] == 6
+
+
+def test_tiny_world_b(tmp_path):
+  """`:tiny,world=smollm2` plumbing (2 of 30 layers, so the outputs are mostly unparseable)."""
+  c = mediator_config.get_config('tiny,world=smollm2,n_items=2')
+  with c.unlocked():
+    c.smollm2.regimes = ('detailed',)
+  wd = str(tmp_path / 'w')
+  s = mediator_job.run_mediator(c, wd, log=lambda *_: None)
+  assert set(s['settings']) == {'smollm2/detailed', 'smollm2/detailed +tool'}
+  for x in s['settings'].values():
+    assert x['n'] == 2 and x['F_Strong']['value'] <= x['F_ID']['value']
+    assert x['n_COR'] + x['n_CNF'] == x['n_audited']
+  assert os.path.exists(os.path.join(wd, 'plan.json'))

@@ -197,6 +197,18 @@ class TextChecklistTask:
     x = _COUNT.match(rest)
     return (None, None) if x is None else (int(x.group(1)), None)
 
+  def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None) -> str:
+    """What follows the cue: ' k', or the tool argument 'YES, NO, …)'."""
+    return self._tail(tool_arg) if tool_arg is not None else f' {int(y)}'
+
+  def solve(self, prompt: Any) -> tuple[int, ...]:
+    """The gold M recomputed from a prompt (the oracle readers' hidden gold)."""
+    text = prompt[-1][1] if not isinstance(prompt, str) else prompt.rsplit('Passage: ', 1)[-1]
+    text = text.split('Passage: ', 1)[-1]
+    passage, rest = text.split('\n\nStatements:\n', 1)
+    ents = re.findall(r'^\d+\. The passage mentions (.*)\.$', rest, re.M)[:self.r]
+    return tuple(int(_mentions(passage, e)) for e in ents)
+
   def generate_kwargs(self, tool: bool) -> dict:
     return dict(max_new_tokens=12 * self.r + 12, stop=('\n\n',))
 
