@@ -262,8 +262,10 @@ def row_record(r: dict) -> dict:
   """A row as flat CSV-able strings / numbers (mediators written item by item)."""
   out = {}
   for k, v in r.items():
-    if k in ('gold', 'm_hat', 'm_star', 'arg', 'arg_star') or isinstance(v, (tuple, list)):
-      out[k] = _show(v)
+    if k in ('gold', 'm_hat', 'm_star', 'arg', 'arg_star'):
+      out[k] = _show(v)  # items, e.g. '101'
+    elif isinstance(v, (tuple, list)):
+      out[k] = ' '.join(str(x) for x in v)  # token ids (a forced prefix)
     elif isinstance(v, bool):
       out[k] = int(v)
     else:
