@@ -233,6 +233,13 @@ def _write_outputs(config, workdir: str, rows: dict, summary: dict) -> None:
           '95% CI). "+tool": the decision is C(argument of the tool call). COR / CNF '
           f'consistency = 1[C(M*) = Ŷ*] within each cell (absent under {config.min_cell} items).',
           '', md.table(cells)]
+  if any('probe' in v for v in st.values()):
+    text += ['', '## §8.4 companion: decision-position probe with M held fixed', '',
+             'D− = every evidence verdict / VALUE swapped (the gold M changes), the answer '
+             '(M and the decision) teacher-forced from D+. ΔL = log p(decision | D+, M) − '
+             'log p(decision | D−, M): the direct X → Y effect that bypasses M. CEU_dec = '
+             'restoration by patching the read port at the decision position only (over '
+             'non-degenerate items, ΔL ≥ ε).', '', probe_table(st)]
   if config.plots:
     mediator_plots.cor_cnf_figure(st, os.path.join(workdir, 'cor_cnf'))
     mediator_plots.fid_figure(st, os.path.join(workdir, 'fid_fstrong'))
@@ -240,3 +247,17 @@ def _write_outputs(config, workdir: str, rows: dict, summary: dict) -> None:
              '![F_ID vs F_Strong](fid_fstrong.png)']
   io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
   io.write_text_atomic(os.path.join(workdir, 'report.md'), '\n'.join(text) + '\n')
+
+
+def probe_table(settings: dict) -> str:
+  """Markdown table of the decision-position probes of the settings that have one."""
+  def v(a):
+    return '—' if a['value'] is None else f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+  lines = ['| setting | n | ΔL (nats) [95% CI] | CEU_dec [95% CI] (n) | degenerate (ΔL < ε) |',
+           '|---|---:|---|---|---:|']
+  for k, x in settings.items():
+    p = x.get('probe')
+    if p:
+      lines.append(f"| {k} | {p['n']} | {v(p['delta_L'])} | {v(p['ceu_decision'])} "
+                   f"({p['ceu_decision']['n']}) | {p['n_degenerate']} |")
+  return '\n'.join(lines)
