@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-TASKS = ("atr_insert", "factqa")
+TASKS = ("atr_insert", "factqa", "checklist")
 ATR_CORRUPTIONS = ("value_swap", "evidence_swap", "removal")
 FACTQA_CORRUPTIONS = ("value_swap", "entity_swap", "evidence_swap", "removal",
                       "distractor_injection", "paraphrase")
@@ -43,7 +43,13 @@ def _factqa() -> TaskSpec:
                   FACTQA_CORRUPTIONS)
 
 
-_BUILDERS = {"atr_insert": _atr, "factqa": _factqa}
+def _checklist() -> TaskSpec:
+  from ceu_jax.data import checklist  # pylint: disable=import-outside-toplevel
+  return TaskSpec("checklist", checklist.ChecklistConfig, checklist.generate_batch,
+                  checklist.corrupt, checklist.CORRUPTIONS)
+
+
+_BUILDERS = {"atr_insert": _atr, "factqa": _factqa, "checklist": _checklist}
 
 
 def get(name: str) -> TaskSpec:

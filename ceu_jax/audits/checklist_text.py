@@ -1,0 +1,216 @@
+"""World B of the mediator audit: a text reader grades checklists on real passages (issue #18).
+
+An analogue of 003's rubric grading. A checklist is a passage (the shipped
+factual-QA passages, `ceu_jax.data.factqa`) and r statements "The passage
+mentions ⟨entity⟩."; the entity is taken from the passage (true) or from
+another passage, checked absent from this one (false), each with probability
+½, so the gold M is exact. Entities are capitalised word runs (1–3 words,
+≥ 4 characters, not the first word of a sentence) found by a regex; present()
+is a case-insensitive substring test. C = the number of YES.
+
+Output format (taught by the instructions and one solved demonstration):
+  1. YES\\n2. NO\\n3. YES\\n4. NO\\nCount: 2           (plain)
+  1. YES\\n2. NO\\n3. YES\\n4. NO\\nTOOL count(YES, NO, YES, NO)   (tool: C runs on the argument)
+The forced prefix is M's r lines followed by the decision cue ("Count:" or
+"TOOL count("), so the re-prompt ends at the cue. Parsing is lenient about
+case and spaces; anything else is unparseable (counted, never guessed).
+
+Prompt regimes (003): standard, detailed, max_detailed instructions.
+No shapes: per-item Python.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+REGIMES = ('standard', 'detailed', 'max_detailed')
+_ENTITY = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]{2,}(?:\s+[A-Z][a-z]{2,}){0,2})\b")
+_LINE = re.compile(r'\s*(\d+)\s*[.):]\s*(yes|no)\b[^\n]*(?:\n|$)', re.I)
+_COUNT = re.compile(r'\s*(\d+)')
+_TOOL_ARG = re.compile(r'\s*((?:yes|no)(?:\s*,\s*(?:yes|no))*)\s*\)', re.I)
+
+INSTRUCTIONS = {
+    'standard': ('Check each statement against the passage: answer YES or NO for each, '
+                 'then give the number of YES answers.'),
+    'detailed': ('Check each statement against the passage. Write one line per statement, '
+                 '"i. YES" or "i. NO". Then write "Count: k", where k is the number of YES '
+                 'lines you wrote.'),
+    'max_detailed': ('Check each statement against the passage. Write one line per statement, '
+                     '"i. YES" or "i. NO". Then write "Count: k", where k is the number of YES '
+                     'lines you wrote. The count must be computed from your own list exactly: '
+                     'count the YES lines above it, even if you think one of them is wrong; do '
+                     'not look at the passage again for the count.'),
+}
+TOOL_INSTRUCTION = ('Instead of counting yourself, call the counting tool on your answers: '
+                    'write "TOOL count(a1, a2, ...)" with your answers in order; the tool '
+                    'returns the number of YES.')
+
+
+@dataclasses.dataclass(frozen=True)
+class Checklist:
+  """One World B instance."""
+  id: str  # passage id
+  passage: str  # the passage text
+  entities: tuple[str, ...]  # [r] the statements' entities
+  gold: tuple[int, ...]  # [r] 1 = the passage mentions the entity
+
+
+def entities(text: str) -> list[str]:
+  """Capitalised word runs of a text (module doc), in order, deduplicated."""
+  out = []
+  for sent in re.split(r'(?<=[.!?])\s+', text):
+    for m in _ENTITY.finditer(sent):
+      if m.start() == 0:
+        continue
+      e = m.group(1)
+      if len(e) >= 4 and e not in out:
+        out.append(e)
+  return out
+
+
+def _mentions(text: str, entity: str) -> bool:
+  return entity.lower() in text.lower()
+
+
+def build(n: int, *, r: int = 4, seed: int = 0, max_words: int = 90, split_ids=None
+          ) -> list[Checklist]:
+  """n checklists from the shipped passages (deterministic in seed); ValueError if too few."""
+  from ceu_jax.data.factqa import storage
+  passages = storage.read_passages()
+  texts = {pid: ' '.join(p['sentences']) for pid, p in passages.items()}
+  pool = sorted((pid for pid, t in texts.items()
+                 if len(t.split()) <= max_words and len(entities(t)) >= r
+                 and (split_ids is None or pid in split_ids)),
+                key=lambda pid: zlib.crc32(f'{seed}:{pid}'.encode()))
+  if len(pool) < n + 1:
+    raise ValueError(f'n_items = {n} but only {len(pool)} passages of <= {max_words} words '
+                     f'have >= {r} entities')
+  out = []
+  for k in range(n):
+    pid = pool[k]
+    rng = np.random.default_rng([seed, zlib.crc32(pid.encode())])
+    own = entities(texts[pid])
+    gold = tuple(int(x) for x in rng.integers(2, size=r))
+    trues = list(rng.permutation(len(own)))
+    ents = []
+    for g in gold:
+      if g:
+        ents.append(own[int(trues.pop())])
+      else:
+        while True:  # an entity of another passage, absent from this one
+          other = pool[int(rng.integers(len(pool)))]
+          cands = [e for e in entities(texts[other]) if not _mentions(texts[pid], e)
+                   and e not in ents]
+          if other != pid and cands:
+            ents.append(cands[int(rng.integers(len(cands)))])
+            break
+    assert all(_mentions(texts[pid], e) == bool(g) for e, g in zip(ents, gold))
+    out.append(Checklist(pid, texts[pid], tuple(ents), gold))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TextChecklistTask:
+  """World B as a `MediatedTask` for one prompt regime and mode (module doc)."""
+  regime: str = 'standard'  # standard | detailed | max_detailed
+  tool: bool = False  # the decision is a tool call C(argument)
+  r: int = 4  # statements per checklist
+  demo: Optional[Checklist] = None  # one solved demonstration (None: none)
+  chat: bool = True  # messages (ChatML) instead of a plain text prompt
+
+  def __post_init__(self):
+    if self.regime not in REGIMES:
+      raise ValueError(f'regime must be one of {REGIMES}, got {self.regime!r}')
+
+  @property
+  def cue(self) -> str:
+    return 'TOOL count(' if self.tool else 'Count:'
+
+  def _user(self, c: Checklist) -> str:
+    items = '\n'.join(f'{i + 1}. The passage mentions {e}.' for i, e in enumerate(c.entities))
+    instr = INSTRUCTIONS[self.regime] + (' ' + TOOL_INSTRUCTION if self.tool else '')
+    return f'Passage: {c.passage}\n\nStatements:\n{items}\n\n{instr}'
+
+  def answer_text(self, c: Checklist) -> str:
+    """The full correct answer (the demonstration's)."""
+    return self.render_mediator(c.gold) + self._tail(c.gold)
+
+  def _tail(self, m) -> str:
+    if self.tool:
+      return ', '.join('YES' if x else 'NO' for x in m) + ')'
+    return f' {sum(m)}'
+
+  def prompt(self, c: Checklist) -> Any:
+    if self.chat:
+      msgs = []
+      if self.demo is not None:
+        msgs += [('user', self._user(self.demo)), ('assistant', self.answer_text(self.demo))]
+      return msgs + [('user', self._user(c))]
+    demo = '' if self.demo is None else f'{self._user(self.demo)}\n{self.answer_text(self.demo)}\n\n'
+    return f'{demo}{self._user(c)}\n'
+
+  def gold(self, c: Checklist) -> tuple[int, ...]:
+    return tuple(c.gold)
+
+  def decide(self, m: Sequence[int], inst: Any = None) -> int:
+    return int(sum(int(x) for x in m))
+
+  def item_values(self, m, inst) -> list[tuple[int, int]]:
+    return [(0, 1)] * len(m)
+
+  def render_mediator(self, m: Sequence[int]) -> str:
+    lines = ''.join(f'{i + 1}. {"YES" if x else "NO"}\n' for i, x in enumerate(m))
+    return lines + self.cue
+
+  def output(self, generation) -> str:
+    return generation.text
+
+  def parse_mediator(self, output: str):
+    """(M, the text after the cue) — M None unless r numbered YES/NO lines 1..r come first."""
+    pos, m = 0, []
+    for i in range(self.r):
+      x = _LINE.match(output, pos)
+      if x is None or int(x.group(1)) != i + 1:
+        return None, ''
+      m.append(int(x.group(2).lower() == 'yes'))
+      pos = x.end()
+    rest = output[pos:].lstrip()
+    if not rest.startswith(self.cue):
+      return tuple(m), None
+    return tuple(m), rest[len(self.cue):]
+
+  def parse_decision(self, rest: Optional[str], inst: Any, tool: bool):
+    if rest is None:
+      return None, None
+    if tool:
+      x = _TOOL_ARG.match(rest)
+      if x is None:
+        return None, None
+      arg = tuple(int(a.strip().lower() == 'yes') for a in x.group(1).split(','))
+      if len(arg) != self.r:
+        return None, None
+      return self.decide(arg), arg
+    x = _COUNT.match(rest)
+    return (None, None) if x is None else (int(x.group(1)), None)
+
+  def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None) -> str:
+    """What follows the cue: ' k', or the tool argument 'YES, NO, …)'."""
+    return self._tail(tool_arg) if tool_arg is not None else f' {int(y)}'
+
+  def solve(self, prompt: Any) -> tuple[int, ...]:
+    """The gold M recomputed from a prompt (the oracle readers' hidden gold)."""
+    text = prompt[-1][1] if not isinstance(prompt, str) else prompt.rsplit('Passage: ', 1)[-1]
+    text = text.split('Passage: ', 1)[-1]
+    passage, rest = text.split('\n\nStatements:\n', 1)
+    ents = re.findall(r'^\d+\. The passage mentions (.*)\.$', rest, re.M)[:self.r]
+    return tuple(int(_mentions(passage, e)) for e in ents)
+
+  def generate_kwargs(self, tool: bool) -> dict:
+    return dict(max_new_tokens=12 * self.r + 12, stop=('\n\n',))
+
+  def continue_kwargs(self, tool: bool) -> dict:
+    return dict(max_new_tokens=4 * self.r + 4 if tool else 4, stop=('\n',))

@@ -1,0 +1,114 @@
+"""World A of the mediator audit: the checklist ATR task as a `MediatedTask` (issue #18).
+
+The data (`ceu_jax.data.checklist`) has the exact gold mediator M (one YES /
+NO per claim) and C = the number of YES. Here it is seen the way the audit
+(`ceu_jax.audits.mediator`) sees every task:
+
+  prompt           an ATRPrompt (query, context, passage ids)
+  output           the reader's generated tokens
+  forced prefix    M* as r YES / NO tokens (the decision slot follows at once)
+  parse_mediator   the first r tokens, each YES or NO (else unparseable)
+  parse_decision   plain: one count token N0 … ALL; tool: TOOL then r YES / NO
+                   tokens, the decision being C(argument) (executed here)
+
+`solve(prompt)` recomputes the gold M from a prompt (claim j holds iff the
+context binds the query's ID and claim j's KEY to claim j's VALUE): the
+oracle readers use it as "the gold hidden in the input".
+No shapes: per-item Python.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from ceu_jax.data import checklist
+from ceu_jax.data.checklist import ChecklistConfig, Example
+
+
+@dataclasses.dataclass(frozen=True)
+class ChecklistTask:
+  """The checklist world for the audit (module doc); `cfg.tool` is ignored (per call)."""
+  cfg: ChecklistConfig  # the world's data config (layout, vocabulary, r)
+
+  @property
+  def vocab(self):
+    return self.cfg.vocab
+
+  @property
+  def r(self) -> int:
+    return self.cfg.r
+
+  # -- instances -----------------------------------------------------------
+  def instances(self, n: int, seed: int, split: str = 'test') -> list[Example]:
+    """n test examples (gold answers), batch 0 of (seed, split)."""
+    return [checklist.example(self.cfg, seed, split, 0, i) for i in range(n)]
+
+  def prompt(self, inst: Example):
+    from ceu_jax.readers.atr import ATRPrompt
+    return ATRPrompt(inst.query, inst.context, tuple(int(p) for p in checklist.passage_ids(self.cfg)))
+
+  def gold(self, inst: Example) -> tuple[int, ...]:
+    return tuple(inst.gold)
+
+  def decide(self, m: Sequence[int], inst: Any = None) -> int:
+    return checklist.decide(m)
+
+  def item_values(self, m, inst) -> list[tuple[int, int]]:
+    return [(0, 1)] * len(m)
+
+  # -- rendering / parsing ---------------------------------------------------
+  def mediator_tokens(self, m: Sequence[int]) -> tuple[int, ...]:
+    v = self.vocab
+    return tuple(v.yes if int(x) else v.no for x in m)
+
+  def render_mediator(self, m: Sequence[int]) -> tuple[int, ...]:
+    return self.mediator_tokens(m)
+
+  def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None) -> tuple[int, ...]:
+    """What follows M: the count token of y, or TOOL and the argument."""
+    if tool_arg is not None:
+      return (self.vocab.tool,) + self.mediator_tokens(tool_arg)
+    return (self.vocab.count(int(y)),)
+
+  def output(self, generation) -> tuple[int, ...]:
+    return tuple(int(t) for t in generation.tokens)
+
+  def _items(self, toks: Sequence[int]) -> Optional[tuple[int, ...]]:
+    v = self.vocab
+    if len(toks) != self.r or any(t not in (v.yes, v.no) for t in toks):
+      return None
+    return tuple(int(t == v.yes) for t in toks)
+
+  def parse_mediator(self, output: Sequence[int]):
+    output = tuple(output)
+    return self._items(output[:self.r]), output[self.r:]
+
+  def parse_decision(self, rest: Sequence[int], inst: Any, tool: bool):
+    rest = tuple(rest)
+    if tool:
+      if not rest or rest[0] != self.vocab.tool:
+        return None, None
+      arg = self._items(rest[1:1 + self.r])
+      return (None, None) if arg is None else (self.decide(arg, inst), arg)
+    if not rest:
+      return None, None
+    return self.vocab.count_of(rest[0]), None
+
+  def generate_kwargs(self, tool: bool) -> dict:
+    return dict(max_new_tokens=2 * self.r + 1 if tool else self.r + 1, stop=())
+
+  def continue_kwargs(self, tool: bool) -> dict:
+    return dict(max_new_tokens=self.r + 1 if tool else 1, stop=())
+
+  # -- the gold hidden in the input (oracles) --------------------------------
+  def solve(self, prompt) -> tuple[int, ...]:
+    """Gold M recomputed from the prompt's query and context."""
+    v, q, ctx = self.vocab, tuple(prompt.query), tuple(prompt.context)
+    q_id = q[2]
+    bound = {}
+    for s in checklist.line_starts(self.cfg):
+      line = ctx[s:s + checklist.LINE_LEN]
+      if line[0] == v.tok('ID') and line[1] == q_id:
+        bound[line[3]] = line[5]
+    claims = [(q[4 + j], q[5 + self.r + j]) for j in range(self.r)]  # query layout: data.checklist
+    return tuple(int(bound.get(k) == val) for k, val in claims)

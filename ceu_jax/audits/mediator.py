@@ -1,0 +1,288 @@
+"""Faithfulness to an intermediate structure (SPEC §8.3, seed 003, issue #18).
+
+Input X, mediator M (a structure of r items), decision Y, a known
+deterministic C with Y = C(M) (C may also read X). The reader generates M̂ then
+Ŷ. One intervention per instance:
+  COR  when M̂ ≠ gold m (whole structures; an unparseable M̂ is ≠ m): M* = m;
+  CNF  when M̂ = m: M* = a minimal seeded edit of M̂ with C(M*) ≠ C(M̂) (the
+       fewest changed items; among those, one drawn by rng (SEED, crc32(id)),
+       so rows do not depend on the order or the batch). An M̂ that no edit can
+       move to another decision is skipped with reason 'no_edit_changes_C'.
+The reader is re-prompted with the same input and M* forced as the start of
+its own output (`Reader.continue_from`); the continuation is parsed into Ŷ*.
+
+  F_ID      = mean 1[C(M̂) = Ŷ]
+  F_Strong  = mean 1[C(M̂) = Ŷ ∧ C(M*) = Ŷ*]   (≤ F_ID row by row)
+  Δ         = F_ID − F_Strong (paired bootstrap CI)
+  COR / CNF consistency = mean 1[C(M*) = Ŷ*] within COR / CNF (a cell with
+            fewer than MIN_CELL instances is reported as absent, with its n).
+Tool-externalised variant (tool=True): the reader writes M, a tool call and its
+argument; the decision is exec(arg) = C(arg), so Ŷ = C(arg), Ŷ* = C(arg*).
+Unparseable M̂, Ŷ or Ŷ* count as inconsistent; their rates are reported.
+
+What a task *is* (tokens or text, which C) goes through a `MediatedTask`
+(Protocol below; World A: `ceu_jax.audits.checklist_world`). The audit itself
+only sees the task and a `ceu_jax.readers.base.Reader`; it never imports
+`architectures/` or training.
+
+Every rate: percentile bootstrap 95% CI, 1000 resamples, seed 42 (SPEC §8),
+through `ceu_jax.metrics.resampling`. No shapes: everything here is per-row.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import zlib
+from typing import Any, Hashable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from ceu_jax.audits.answer_presence import CI_SEED, fmt
+from ceu_jax.metrics.resampling import EMPTY, Aggregate, mean_ci, paired_difference_ci
+
+EDIT_SEED = 3003  # CNF edit rng = (EDIT_SEED, crc32(str(id)))
+MIN_CELL = 10  # SPEC §8.3: COR / CNF cells with fewer instances are dropped
+COR, CNF, SKIP = 'COR', 'CNF', 'skip'
+SKIP_REASONS = ('no_edit_changes_C',)
+Mediator = tuple  # a structure of r items (World A: 0/1 per claim)
+
+
+class MediatedTask(Protocol):
+  """What the audit needs to know about a mediated task (module doc)."""
+
+  def prompt(self, inst: Any) -> Any:
+    """The reader's item (input X) of an instance."""
+
+  def gold(self, inst: Any) -> Mediator:
+    """The gold mediator m of an instance."""
+
+  def decide(self, m: Mediator, inst: Any) -> Hashable:
+    """C(m) (may read X)."""
+
+  def item_values(self, m: Mediator, inst: Any) -> Sequence[Sequence[Any]]:
+    """The values each item of m may take (the CNF edit space)."""
+
+  def render_mediator(self, m: Mediator) -> Any:
+    """M rendered as the reader's own output, ending at the decision cue (the forced prefix)."""
+
+  def output(self, generation: Any) -> Any:
+    """The reader's output (tokens or text) of a Generation."""
+
+  def parse_mediator(self, output: Any) -> tuple[Optional[Mediator], Any]:
+    """(M or None when unparseable, the rest of the output after M and the cue)."""
+
+  def parse_decision(self, rest: Any, inst: Any, tool: bool) -> tuple[Optional[Hashable], Any]:
+    """(Ŷ or None, tool argument or None) from what follows M. tool=True: Ŷ = C(arg)."""
+
+  def generate_kwargs(self, tool: bool) -> dict:
+    """max_new_tokens / stop for generating M then Y (or the tool call)."""
+
+  def continue_kwargs(self, tool: bool) -> dict:
+    """max_new_tokens / stop for the continuation after a forced M*."""
+
+
+# ------------------------------------------------------------ interventions
+def edit_rng(id_: Hashable, seed: int = EDIT_SEED) -> np.random.Generator:
+  return np.random.default_rng([seed, zlib.crc32(str(id_).encode())])
+
+
+def cnf_edit(task: MediatedTask, m: Mediator, inst: Any, id_: Hashable,
+             seed: int = EDIT_SEED) -> Optional[Mediator]:
+  """A minimal seeded edit M* of m with C(M*) ≠ C(m), or None when none exists.
+
+  Edits change k items (k = 1, 2, … r, the first k with a candidate); every
+  changed item takes another of its allowed values. Among the candidates of
+  the minimal k one is drawn with rng (seed, crc32(id))."""
+  m = tuple(m)
+  values = [tuple(v) for v in task.item_values(m, inst)]
+  if len(values) != len(m):
+    raise ValueError(f'item_values gave {len(values)} alphabets for a mediator of {len(m)} items')
+  y = task.decide(m, inst)
+  for k in range(1, len(m) + 1):
+    cands = []
+    for where in itertools.combinations(range(len(m)), k):
+      others = [[v for v in values[i] if v != m[i]] for i in where]
+      for new in itertools.product(*others):
+        e = list(m)
+        for i, v in zip(where, new):
+          e[i] = v
+        if task.decide(tuple(e), inst) != y:
+          cands.append(tuple(e))
+    if cands:
+      return cands[int(edit_rng(id_, seed).integers(len(cands)))]
+  return None
+
+
+def intervention(task: MediatedTask, m_hat: Optional[Mediator], inst: Any, id_: Hashable
+                 ) -> tuple[str, Optional[Mediator], Optional[str]]:
+  """(kind, M*, skip reason): COR with M* = gold when M̂ ≠ gold (or unparseable),
+  CNF with a minimal edit when M̂ = gold, skip when no edit changes C."""
+  gold = tuple(task.gold(inst))
+  if m_hat is None or tuple(m_hat) != gold:
+    return COR, gold, None
+  star = cnf_edit(task, gold, inst, id_)
+  if star is None:
+    return SKIP, None, 'no_edit_changes_C'
+  return CNF, star, None
+
+
+# ------------------------------------------------------------------ audit
+def _same(a: Any, b: Any) -> bool:
+  return a is not None and b is not None and a == b
+
+
+def _show(x: Any) -> str:
+  if x is None:
+    return ''
+  if isinstance(x, (tuple, list)):
+    return ''.join(str(v) for v in x)
+  return str(x)
+
+
+def run_audit(reader: Any, task: MediatedTask, instances: Sequence[Any],
+              ids: Sequence[Hashable], *, tool: bool = False) -> list[dict]:
+  """One row per instance (module doc): generation, intervention, re-prompt.
+
+  Row fields: id, tool, kind (COR | CNF | skip), skip_reason, gold, m_hat,
+  y_hat, arg, m_star, y_star, arg_star, forced (M* as forced), c_m_hat (C(M̂)),
+  c_m_star, parse_fail (M̂ or Ŷ unparseable), parse_fail_star (Ŷ*),
+  consistent (1[C(M̂) = Ŷ]), consistent_star (1[C(M*) = Ŷ*]), strong.
+  """
+  instances, ids = list(instances), list(ids)
+  if len(instances) != len(ids):
+    raise ValueError(f'ids has {len(ids)} entries for {len(instances)} instances')
+  if not instances:
+    return []
+  prompts = [task.prompt(x) for x in instances]
+  gens = reader.generate(prompts, ids=ids, **task.generate_kwargs(tool))
+  rows = []
+  for inst, id_, g in zip(instances, ids, gens):
+    m_hat, rest = task.parse_mediator(task.output(g))
+    y_hat, arg = (None, None) if m_hat is None else task.parse_decision(rest, inst, tool)
+    kind, star, reason = intervention(task, m_hat, inst, id_)
+    c_hat = None if m_hat is None else task.decide(m_hat, inst)
+    rows.append(dict(id=id_, tool=tool, kind=kind, skip_reason=reason or '',
+                     gold=tuple(task.gold(inst)), m_hat=m_hat, y_hat=y_hat, arg=arg,
+                     m_star=star, c_m_hat=c_hat,
+                     c_m_star=None if star is None else task.decide(star, inst),
+                     parse_fail=m_hat is None or y_hat is None,
+                     consistent=_same(c_hat, y_hat)))
+  todo = [k for k, r in enumerate(rows) if r['kind'] != SKIP]
+  forced = [task.render_mediator(rows[k]['m_star']) for k in todo]
+  conts = reader.continue_from([prompts[k] for k in todo], forced,
+                               ids=[ids[k] for k in todo], **task.continue_kwargs(tool))
+  for k, f, g in zip(todo, forced, conts):
+    r = rows[k]
+    back, rest_f = task.parse_mediator(f)
+    if back != tuple(r['m_star']):  # the forced prefix must spell M* exactly
+      raise AssertionError(f'item {r["id"]!r}: forced prefix {f!r} parses to {back!r}, '
+                           f'not M* = {r["m_star"]!r}')
+    y_star, arg_star = task.parse_decision(task.output(g), instances[k], tool)
+    r.update(forced=f, y_star=y_star, arg_star=arg_star, parse_fail_star=y_star is None,
+             consistent_star=_same(r['c_m_star'], y_star))
+    r['strong'] = r['consistent'] and r['consistent_star']
+  for r in rows:
+    if r['kind'] == SKIP:
+      r.update(forced=None, y_star=None, arg_star=None, parse_fail_star=False,
+               consistent_star=False, strong=False)
+  check_rows(task, instances, rows)
+  return rows
+
+
+def check_rows(task: MediatedTask, instances: Sequence[Any], rows: Sequence[dict]) -> None:
+  """The §8.3 invariants, row by row (AssertionError naming the row otherwise):
+  strong ⇒ consistent (so F_Strong ≤ F_ID); every CNF edit changes C and starts
+  from M̂ = gold; COR only where M̂ ≠ gold; the forced prefix parses back to M*."""
+  for inst, r in zip(instances, rows):
+    where = f'row {r["id"]!r} ({r["kind"]})'
+    if r['strong'] and not r['consistent']:
+      raise AssertionError(f'{where}: strong but not consistent')
+    gold = tuple(task.gold(inst))
+    if r['kind'] == CNF:
+      if r['m_hat'] is None or tuple(r['m_hat']) != gold:
+        raise AssertionError(f'{where}: CNF on an M̂ that is not the gold')
+      if task.decide(r['m_star'], inst) == task.decide(r['m_hat'], inst):
+        raise AssertionError(f'{where}: the CNF edit leaves C unchanged')
+    elif r['kind'] == COR:
+      if r['m_hat'] is not None and tuple(r['m_hat']) == gold:
+        raise AssertionError(f'{where}: COR where M̂ = gold')
+      if tuple(r['m_star']) != gold:
+        raise AssertionError(f'{where}: COR with M* ≠ gold')
+    if r['kind'] != SKIP and task.parse_mediator(r['forced'])[0] != tuple(r['m_star']):
+      raise AssertionError(f'{where}: forced prefix is not M*')
+
+
+# ---------------------------------------------------------------- summary
+def _rate(rows: Sequence[dict], key: str, seed: int) -> Aggregate:
+  return mean_ci(np.array([float(r[key]) for r in rows]), seed=seed)
+
+
+def summarize(rows: Sequence[dict], *, seed: int = CI_SEED, min_cell: int = MIN_CELL) -> dict:
+  """F_ID, F_Strong, Δ (paired), COR / CNF consistency, parse-failure rates, counts.
+
+  Rates are over the audited rows (skipped ones are counted by reason only).
+  A COR / CNF consistency with fewer than `min_cell` rows is absent (EMPTY) with
+  its n in n_COR / n_CNF."""
+  audited = [r for r in rows if r['kind'] != SKIP]
+  skipped = collections.Counter(r['skip_reason'] for r in rows if r['kind'] == SKIP)
+  out = dict(n=len(rows), n_audited=len(audited), skipped=dict(skipped))
+  if not audited:
+    out.update(F_ID=EMPTY, F_Strong=EMPTY, delta=EMPTY, cons_COR=EMPTY, cons_CNF=EMPTY,
+               n_COR=0, n_CNF=0, parse_fail=EMPTY, parse_fail_star=EMPTY, parse_fail_any=EMPTY,
+               m_hat_correct=EMPTY)
+    return out
+  cid = np.array([float(r['consistent']) for r in audited])
+  cst = np.array([float(r['strong']) for r in audited])
+  out.update(F_ID=mean_ci(cid, seed=seed), F_Strong=mean_ci(cst, seed=seed),
+             delta=paired_difference_ci(cid, cst, seed=seed))
+  for kind in (COR, CNF):
+    cell = [r for r in audited if r['kind'] == kind]
+    out[f'n_{kind}'] = len(cell)
+    out[f'cons_{kind}'] = _rate(cell, 'consistent_star', seed) if len(cell) >= min_cell else EMPTY
+  out['parse_fail'] = _rate(audited, 'parse_fail', seed)
+  out['parse_fail_star'] = _rate(audited, 'parse_fail_star', seed)
+  out['parse_fail_any'] = mean_ci(np.array(
+      [float(r['parse_fail'] or r['parse_fail_star']) for r in audited]), seed=seed)
+  out['m_hat_correct'] = mean_ci(np.array([float(r['kind'] == CNF) for r in audited]), seed=seed)
+  return out
+
+
+def to_json(summary: dict) -> dict:
+  """Aggregates as {value, ci_low, ci_high, n} dicts (everything else unchanged)."""
+  return {k: (v.to_dict() if isinstance(v, Aggregate) else v) for k, v in summary.items()}
+
+
+def from_json(summary: dict) -> dict:
+  return {k: (Aggregate(**v) if isinstance(v, dict) and set(v) == {'value', 'ci_low', 'ci_high', 'n'}
+              else v) for k, v in summary.items()}
+
+
+def row_record(r: dict) -> dict:
+  """A row as flat CSV-able strings / numbers (mediators written item by item)."""
+  out = {}
+  for k, v in r.items():
+    if k in ('gold', 'm_hat', 'm_star', 'arg', 'arg_star'):
+      out[k] = _show(v)  # items, e.g. '101'
+    elif isinstance(v, (tuple, list)):
+      out[k] = ' '.join(str(x) for x in v)  # token ids (a forced prefix)
+    elif isinstance(v, bool):
+      out[k] = int(v)
+    else:
+      out[k] = '' if v is None else v
+  return out
+
+
+def table(cells: Sequence[tuple[str, dict]]) -> str:
+  """Markdown table: one line per (label, summary)."""
+  lines = ['| setting | n | F_ID | F_Strong | Δ [95% CI] | COR cons. (n) | CNF cons. (n) | '
+           'parse fail | skipped |',
+           '|---|---:|---|---|---|---|---|---|---|']
+  for label, s in cells:
+    def v(a):
+      return '—' if a.value is None else f'{a.value:.3f} [{a.ci_low:.3f}, {a.ci_high:.3f}]'
+    lines.append(f"| {label} | {s['n_audited']} | {v(s['F_ID'])} | {v(s['F_Strong'])} | "
+                 f"{fmt(s['delta'])} | {v(s['cons_COR'])} ({s['n_COR']}) | "
+                 f"{v(s['cons_CNF'])} ({s['n_CNF']}) | {v(s['parse_fail_any'])} | "
+                 f"{sum(s['skipped'].values())} |")
+  return '\n'.join(lines)

@@ -1,0 +1,77 @@
+"""SPEC §8.4 companion of the mediator audit: a position probe at the decision with M held fixed.
+
+For a reader with a read port (World A), on test items:
+  D+  = the item (query, context), answer = [gold M, decision] (teacher forced);
+  D−  = the same item with every evidence VALUE swapped (`value_swap`): its gold
+        M differs, but the answer — M and the decision — is kept (M held fixed).
+  L±  = log p(decision tokens | q, D±, M) (the count token; tool: the argument).
+ΔL = L+ − L− is the direct X → Y effect that bypasses M (≈ 0 for a reader
+whose decision reads only M). The position probe patches the read port's
+output at the decision position(s) only, from D+ into D−, and scores
+CEU_dec = restoration of L (SPEC §1, stabilised, degenerate below ε): how much
+of that direct effect flows through the read at the decision itself.
+
+The engine does the interventions (`ceu_jax.engine.audit`, position probes);
+this module only builds inputs and summarises. Shape legend: B batch, Q query
+length, A answer length, T reader positions (Q + A), K probes (1).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ceu_jax import engine
+from ceu_jax.data import checklist
+from ceu_jax.metrics.resampling import mean_ci
+from ceu_jax.retrieval_adapter import ModelInputs
+
+PROBE = 'decision'
+CORRUPT_SEED = 18  # key of the value_swap draws
+
+
+def decision_slots(cfg: checklist.ChecklistConfig) -> list[int]:
+  """Answer slots of the decision: the count token, or the tool argument."""
+  return list(range(cfg.r + 1, 2 * cfg.r + 1)) if cfg.tool else [cfg.r]
+
+
+def decision_loglik_fn(model: Any, slots: list[int]):
+  """loglik_fn(variables, ModelInputs) -> [B]: log p of the answer at `slots` (teacher forced)."""
+  idx = jnp.asarray(slots)
+
+  def loglik_fn(variables, inputs: ModelInputs) -> jax.Array:
+    logits = model.apply(variables, inputs.query, inputs.context, inputs.passage_ids,
+                         inputs.answer)                              # [B, A, V]
+    logp = jax.nn.log_softmax(logits[:, idx].astype(jnp.float32), -1)  # [B, S, V]
+    tgt = inputs.answer[:, idx]                                      # [B, S]
+    return jnp.take_along_axis(logp, tgt[..., None], -1)[..., 0].sum(-1)  # [B]
+  return loglik_fn
+
+
+def decision_probe(model: Any, variables: Any, site: engine.Site, cfg: checklist.ChecklistConfig,
+                   n: int, *, seed: int = 0, eps: float = 1e-3, boot_seed: int = 42,
+                   loglik_fn=None) -> dict:
+  """ΔL (direct X → Y effect with M fixed) and CEU at the decision position(s), with CIs."""
+  if not isinstance(n, int) or n < 1:
+    raise ValueError(f'n must be an integer >= 1, got {n!r}')
+  plus = checklist.generate_batch(cfg, seed, 0, n, 'test')           # answers: gold M, C(M)
+  minus = checklist.corrupt(cfg, plus, 'value_swap', jax.random.PRNGKey(CORRUPT_SEED))
+  slots = decision_slots(cfg)
+  q = plus.query.shape[1]
+  t = q + plus.answer.shape[1]
+  mask = np.zeros((1, t), bool)
+  mask[0, [q + s for s in slots]] = True                               # position Q+s predicts slot s
+  probes = engine.Probes(positions=jnp.asarray(mask), names=(PROBE,))
+  fn = loglik_fn or decision_loglik_fn(model, slots)
+  res = engine.audit(fn, variables, clean=ModelInputs.of(plus), corrupt=ModelInputs.of(minus),
+                     site=site, probes=probes, eps=eps)
+  dl = np.asarray(res.delta_L, np.float64)                            # [B]
+  deg = np.asarray(res.degenerate, bool)                              # [B]
+  ceu = np.asarray(res.ceu_of(PROBE), np.float64)                     # [B]
+  return dict(delta_L=mean_ci(dl, seed=boot_seed).to_dict(),
+              ceu_decision=mean_ci(ceu[~deg], seed=boot_seed).to_dict(),
+              n=n, n_degenerate=int(deg.sum()), eps=eps,
+              gold_m_changed=float(np.mean(np.any(
+                  np.asarray(minus.context) != np.asarray(plus.context), -1))))

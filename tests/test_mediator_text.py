@@ -1,0 +1,69 @@
+"""World B of the mediator audit (issue #18): text checklists, parsing, oracle readers on text."""
+import dataclasses
+
+import pytest
+
+from ceu_jax.audits import checklist_text as ct
+from ceu_jax.audits import mediator as md
+from ceu_jax.readers import base
+from ceu_jax.readers import mediator_oracles as mo
+
+
+@pytest.fixture(scope='module')
+def checklists():
+  return ct.build(41, seed=0)
+
+
+def test_build_gold_is_exact(checklists):
+  assert len({c.id for c in checklists}) == 41
+  for c in checklists:
+    assert len(c.entities) == 4 and len(set(c.entities)) == 4
+    for e, g in zip(c.entities, c.gold):
+      assert (e.lower() in c.passage.lower()) == bool(g)
+  assert 0 < sum(sum(c.gold) for c in checklists) < 4 * 41
+  assert ct.build(3, seed=0) == checklists[:3]  # deterministic
+
+
+@pytest.mark.parametrize('tool', [False, True])
+def test_render_parse_round_trip(checklists, tool):
+  task = ct.TextChecklistTask('detailed', tool=tool, demo=checklists[-1])
+  for c in checklists[:10]:
+    full = task.answer_text(c)
+    m, rest = task.parse_mediator(full)
+    assert m == c.gold
+    y, arg = task.parse_decision(rest, c, tool)
+    assert y == sum(c.gold) and (arg == c.gold if tool else arg is None)
+    forced = task.render_mediator(c.gold)
+    assert full.startswith(forced) and task.parse_mediator(forced) == (c.gold, '')
+    assert task.solve(task.prompt(c)) == c.gold
+
+
+def test_lenient_and_failing_parses():
+  task = ct.TextChecklistTask('standard')
+  assert task.parse_mediator('1. Yes\n2) no\n3: YES\n4. NO because\nCount: 2') == ((1, 0, 1, 0), ' 2')
+  assert task.parse_mediator('1. YES\n2. NO\n3. YES\n')[0] is None  # 3 of 4 lines
+  assert task.parse_mediator('1. YES\n3. NO\n2. YES\n4. NO\nCount: 2')[0] is None  # order
+  assert task.parse_mediator('1. YES\n2. NO\n3. YES\n4. NO\nTotal 2') == ((1, 0, 1, 0), None)
+  assert task.parse_decision(' two', None, False) == (None, None)
+  tool = ct.TextChecklistTask('standard', tool=True)
+  assert tool.parse_decision('YES, NO, YES)', None, True) == (None, None)  # 3 of 4
+  assert tool.parse_decision(' yes,no , YES, NO)', None, True) == (2, (1, 0, 1, 0))
+
+
+@pytest.mark.parametrize('tool', [False, True])
+def test_text_oracles(checklists, tool):
+  items, demo = checklists[:-1], checklists[-1]
+  task = ct.TextChecklistTask('max_detailed', tool=tool, demo=demo)
+  ids = [c.id for c in items]
+  s = md.summarize(md.run_audit(mo.MediatorFollower(task, tool=tool, p_error=0.3), task, items,
+                                ids, tool=tool))
+  assert s['F_ID'].value == s['F_Strong'].value == 1.0 and s['delta'].value == 0.0
+  assert s['n_COR'] >= 10 and s['n_CNF'] >= 10
+  s = md.summarize(md.run_audit(mo.GoldComputer(task, tool=tool, p_error=0.3), task, items,
+                                ids, tool=tool))
+  assert s['cons_CNF'].value == 0.0 and s['cons_COR'].value == 1.0
+
+
+def test_bad_regime():
+  with pytest.raises(ValueError, match='regime must be one of'):
+    ct.TextChecklistTask('verbose')
