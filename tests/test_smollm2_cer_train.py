@@ -103,3 +103,26 @@ def test_bad_read_layer_is_one_line_before_compiling(ref, tmp_path):
   assert proc.returncode == 1, describe(proc)
   assert 'model.read_layer must be an integer in [0, 1]' in proc.stderr
   assert not os.path.exists(tmp_path / 'bad' / 'checkpoints')
+
+
+def test_held_out_evaluation_smoke(ref):
+  """The entry point's evaluation of the trained checkpoint (tiny: 8 held-out pairs)."""
+  import json  # pylint: disable=g-import-not-at-top
+  from ceu_jax.metrics.text import exact_match  # pylint: disable=g-import-not-at-top
+  proc = _run(ref, ref['workdir'], '--eval=trained')
+  assert proc.returncode == 0, describe(proc)
+  out = os.path.join(ref['workdir'], 'eval_trained')
+  with open(os.path.join(out, 'summary.json')) as f:
+    s = json.load(f)
+  assert (s['n'], s['step'], s['read_layer']) == (8, STEPS, 1)
+  rows = []
+  for name in sorted(os.listdir(os.path.join(out, 'batches'))):
+    with open(os.path.join(out, 'batches', name)) as f:
+      rows += json.load(f)
+  at = [r for r in rows if r['layer'] == 1]
+  assert len(at) == 8 and len(rows) == 16
+  assert all(r['em'] == exact_match(r['prediction'], [r['answer']]) for r in at)
+  np.testing.assert_allclose(s['nll']['value'], -np.mean([r['L_plus'] for r in at]), rtol=1e-9)
+  assert s['supported_0.5']['value'] <= s['em']['value']
+  assert [e['layer'] for e in s['profile']['per_layer']] == [0, 1]
+  assert os.path.exists(os.path.join(out, 'plots', 'layer_profile.png'))

@@ -162,8 +162,9 @@ def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None
   pc = types.SimpleNamespace(max_len=int(d.max_len), max_answer_tokens=int(d.max_answer_tokens),
                              seed=int(config.seed), substitutes=tuple(d.substitutes),
                              n_draws=int(d.n_draws))
-  pairs, dropped = [], {}
+  pairs, dropped, scanned = [], {}, 0
   for e in recs:
+    scanned += 1
     ctx = short_context(e, passages[e['passage_id']], int(d.n_distractor_sentences),
                         int(config.seed))
     pair, why = audit_nq.make_pair(tok, e, ctx, pool, pc)
@@ -173,7 +174,7 @@ def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None
       pairs.append(pair)
       if limit is not None and len(pairs) >= limit:
         break
-  return pairs, {'split': split, 'scanned': len(recs), 'kept': len(pairs), 'dropped': dropped}
+  return pairs, {'split': split, 'scanned': scanned, 'kept': len(pairs), 'dropped': dropped}
 
 
 def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int) -> dict:
