@@ -114,3 +114,54 @@ def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
       f'supported_{TAU}': agg(supported),
       'profile': audit_nq.summarize(rows, audit_nq.SPAN_PROBES, n_layers, cfg),
   }
+
+
+# ----------------------------------------------------------------------------
+# Report: the table and the before/after layer profile of several runs.
+# ----------------------------------------------------------------------------
+
+TABLE_METRICS = ('em', 'f1', 'nll', 'ceu_ev', 'ceu_dis', 'ceu_control', f'supported_{TAU}')
+
+
+def _cell(a: dict) -> str:
+  if a.get('value') is None:
+    return 'n/a'
+  return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+
+
+def report(entries: list[tuple[str, str]], out_dir: str) -> str:
+  """Markdown table (95% CIs, n) and one CEU_ev-by-layer plot of several evaluations.
+
+  entries: (label, path of an eval_*/summary.json). Writes out_dir/table.md and
+  out_dir/layer_profiles.{png,pdf}; returns the table.
+  """
+  from matplotlib.figure import Figure
+
+  from ceu_jax.plotting import save_figure
+  sums = [(label, io.read_json(path)) for label, path in entries]
+  head = '| run | n | ' + ' | '.join(TABLE_METRICS) + ' |'
+  lines = [head, '|' + '---|' * (len(TABLE_METRICS) + 2)]
+  for label, s in sums:
+    lines.append(f"| {label} (step {s.get('step')}) | {s['n']} | "
+                 + ' | '.join(_cell(s[m]) for m in TABLE_METRICS) + ' |')
+  table = '\n'.join(lines) + '\n'
+  os.makedirs(out_dir, exist_ok=True)
+  io.write_text_atomic(os.path.join(out_dir, 'table.md'), table)
+  fig = Figure(figsize=(7, 4))
+  ax = fig.add_subplot()
+  for label, s in sums:
+    for name, ls in (('ev', '-'), ('dis', ':')):
+      agg = [e[name]['ceu'] for e in s['profile']['per_layer']]
+      layers = [e['layer'] for e in s['profile']['per_layer']]
+      val = np.array([a['value'] if a['value'] is not None else np.nan for a in agg])
+      lo = np.array([a['ci_low'] if a['ci_low'] is not None else np.nan for a in agg])
+      hi = np.array([a['ci_high'] if a['ci_high'] is not None else np.nan for a in agg])
+      line, = ax.plot(layers, val, ls=ls, marker='o', ms=3, label=f'{label}: CEU_{name}')
+      ax.fill_between(layers, lo, hi, color=line.get_color(), alpha=0.15)
+  ax.axvline(sums[0][1].get('read_layer', 0), color='gray', lw=0.8, ls='--')
+  ax.set(xlabel='layer ℓ (read port layers_ℓ/attn, answer positions)', ylabel='mean CEU',
+         title='SmolLM2-135M before / after fine-tuning (95% bootstrap CI)')
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  save_figure(fig, os.path.join(out_dir, 'layer_profiles'))
+  return table
