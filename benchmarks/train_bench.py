@@ -11,6 +11,13 @@ steps each (so that background load hits all of them alike) and the median
 per-step time is reported with its ratio to plain. SPEC §4 expects about
 (2 + k) forwards per example for CER against 1 for plain training.
 The last line is `TARGET cer_k3_step_ratio <x> <= 3.0 PASS|MISS`.
+
+SmolLM2 fine-tuning (issue #21): `--smollm2=cpu` (an argument of
+configs/smollm2_cer.py) times the loop's step of `ceu_jax.pretrained.cer_task` on
+SmolLM2-135M with LoRA: plain (cer.regularizer none), CER at k = 3 by the causal
+tail (`model.cer_path` tail) and CER at k = 3 by full recompute (cer_path full),
+and ends with `TARGET cer_step_cost_k3 <x> <= 3.0 PASS|MISS` (tail / plain).
+  python -m benchmarks.train_bench --smollm2=cpu --steps=2 --rounds=3
 """
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ config_flags.DEFINE_config_file("config", "configs/atr_insert.py:tiny", "Config 
 flags.DEFINE_integer("steps", 10, "Timed steps per variant per round.")
 flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
 flags.DEFINE_float("target", 3.0, "Target CER(k=3) / plain step-time ratio.")
+flags.DEFINE_string("smollm2", "", "configs/smollm2_cer.py argument (e.g. 'cpu'): time "
+                    "SmolLM2 fine-tuning steps instead of --config's model.")
 
 VARIANTS = (("plain", "none", 1), ("cer_k1", "evidence", 1),
             ("cer_k2", "evidence_distractor", 2), ("cer_k3", "evidence_distractor", 3))
@@ -73,8 +82,64 @@ def time_steps(variant: list, n: int) -> float:
   return (time.perf_counter() - start) / n
 
 
+SMOLLM2_VARIANTS = (("plain", "none", "tail"), ("cer_k3", "evidence_distractor", "tail"),
+                    ("cer_k3_full", "evidence_distractor", "full"))
+
+
+def build_smollm2_variants(arg: str) -> dict:
+  """name -> [train_step, state, batch, rng] of the SmolLM2 fine-tuning variants, warmed up."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from ceu_jax.pretrained import cer_task  # pylint: disable=g-import-not-at-top
+  from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from configs import smollm2_cer  # pylint: disable=g-import-not-at-top
+  config = smollm2_cer.get_config(arg)
+  config.data.max_items = 300          # enough pairs for one batch; pairs are not timed
+  task = cer_task.SmolLM2CERTask.from_config(config)
+  print(f"SmolLM2 {task.model_config.n_layers} layers, LoRA r={config.lora.rank} "
+        f"(full={config.lora.full}), batch {config.train.batch_size} x {config.data.max_len} "
+        f"tokens, n_tail {config.data.max_answer_tokens}, read port layer "
+        f"{config.model.read_layer}")
+  out = {}
+  for name, reg, path in SMOLLM2_VARIANTS:
+    t0 = time.perf_counter()
+    c = copy.deepcopy(config)
+    c.cer.regularizer, c.cer.k, c.model.cer_path = reg, 3, path
+    t = dataclasses.replace(task, config=c)
+    tx = state_lib.make_optimizer(c.train)
+    rng = jax.random.PRNGKey(0)
+    state = jax.jit(loop._custom_init_fn(t, tx))(rng)
+    step = state_lib.make_train_step(None, tx, None, None, loss_fn=t.loss, frozen=t.frozen)
+    batch = t.train_batch(0, int(c.train.batch_size))
+    state, metrics = step(state, batch, rng)
+    jax.block_until_ready(metrics)
+    out[name] = [step, state, batch, rng]
+    print(f"compiled {name} in {time.perf_counter() - t0:.1f} s", flush=True)
+  return out
+
+
+def smollm2_main() -> None:
+  variants = build_smollm2_variants(FLAGS.smollm2)
+  times = {name: [] for name in variants}
+  for _ in range(FLAGS.rounds):
+    for name, v in variants.items():
+      times[name].append(time_steps(v, FLAGS.steps))
+  med = {name: statistics.median(ts) for name, ts in times.items()}
+  print(f"{'variant':<12} {'s/step':>8} {'ratio':>6}  (median of {FLAGS.rounds} rounds x "
+        f"{FLAGS.steps} steps)")
+  for name in variants:
+    print(f"{name:<12} {med[name]:8.3f} {med[name] / med['plain']:6.2f}")
+  print(f"causal tail vs full recompute at k = 3: {med['cer_k3_full'] / med['cer_k3']:.2f}x "
+        "faster")
+  ratio = med["cer_k3"] / med["plain"]
+  verdict = "PASS" if ratio <= FLAGS.target else "MISS"
+  print(f"TARGET cer_step_cost_k3 {ratio:.2f} <= {FLAGS.target:.1f} {verdict}")
+
+
 def main(argv) -> None:
   del argv
+  if FLAGS.smollm2:
+    smollm2_main()
+    return
   config = FLAGS.config
   print(f"device: {jax.devices()[0].platform} x{jax.device_count()}; model "
         f"{config.model.family}/{config.model.preset} bypass={config.model.bypass}; "

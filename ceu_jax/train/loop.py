@@ -110,7 +110,8 @@ def _host(tree: Any) -> dict:
 def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = None,
                        site: Any = None, fresh: bool = False,
                        allow_config_change: Iterable[str] | str = (),
-                       cluster: cluster_lib.Cluster | None = None) -> dict:
+                       cluster: cluster_lib.Cluster | None = None,
+                       custom: task_lib.CustomTask | None = None) -> dict:
   """Train (or resume) the run of `config` in `workdir`; returns the final metrics.
 
   `cluster`: the processes that train together (`ceu_jax.train.cluster`; None = this
@@ -123,26 +124,42 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
   `allow_config_change`: training fields (dotted, or a section such as 'cer') that may
   differ from W/config.json's; the change is recorded in W/provenance.json.
   `model`/`site` replace the configured architecture (tests with toy models).
+  `custom`: a `task.CustomTask` that supplies the config check, parameters, batches
+  and objective instead of the retrieval-model task (periodic evaluation is then off:
+  the task validates train.eval_every == 0 and evaluates its checkpoints itself).
   Raises ValueError (bad config), WorkdirConfigError (another config trained this
   workdir), WorkdirLocked (another `train` runs here), EarlierRunError (an earlier
   run without a checkpoint) before anything compiles.
   """
-  config_lib.validate(config)                     # before joining: errors come first
+  check = config_lib.validate if custom is None else lambda c, n=None: custom.validate(c)
+  check(config)                                   # before joining: errors come first
   cluster_lib.join(cluster)
-  config_lib.validate(config, jax.device_count())
+  check(config, jax.device_count())
   with workdir_lib.maybe_lock(workdir, "train", enabled=jax.process_index() == 0):
-    return _train(config, workdir, model, site, fresh, allow_config_change)
+    return _train(config, workdir, model, site, fresh, allow_config_change, custom)
 
 
-def _train(config, workdir, model, site, fresh, allow_config_change) -> dict:
+def _custom_init_fn(custom: task_lib.CustomTask, tx) -> Any:
+  def init(rng: jax.Array) -> state_lib.TrainState:
+    params = custom.init_params(rng)
+    return state_lib.TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
+                                opt_state=tx.init(params))
+  return init
+
+
+def _train(config, workdir, model, site, fresh, allow_config_change, custom=None) -> dict:
   changes = _check_workdir(config, workdir, fresh, allow_config_change)
-  task = task_lib.build_task(config, model, site)
+  if custom is not None and int(config.train.eval_every):
+    raise ValueError("train.eval_every must be 0 for a custom task (it evaluates its "
+                     f"checkpoints itself), got {config.train.eval_every}")
+  task = task_lib.build_task(config, model, site) if custom is None else None
   t, seed = config.train, int(config.seed)
   mesh = sharding_lib.make_mesh(config.sharding)
   rules = sharding_lib.rules(config.sharding)
   batch_sharding = sharding_lib.batch_sharding(config.sharding, mesh)
   tx = state_lib.make_optimizer(t)
-  init_fn = state_lib.boxed_init_fn(task.model, tx, task.dummy_inputs)
+  init_fn = (state_lib.boxed_init_fn(task.model, tx, task.dummy_inputs) if custom is None
+             else _custom_init_fn(custom, tx))
   params_rng = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
   train_rng = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
   abstract, shardings = sharding_lib.state_layout(init_fn, params_rng, mesh, rules)
@@ -179,10 +196,19 @@ def _train(config, workdir, model, site, fresh, allow_config_change) -> dict:
   ckpt_lib.write_status(workdir, "running", start,
                         checkpoint_step=start if restored is not None else None, **status_extra)
 
-  train_step = state_lib.make_train_step(
-      task.model, tx, task.site, task.loss_cfg, nan_step=int(t.debug_nan_step),
-      state_shardings=shardings, batch_sharding=batch_sharding, axis_rules=rules,
-      lr_schedule=state_lib.learning_rate_schedule(t), allow_approximate=task.approximate)
+  if custom is None:
+    train_step = state_lib.make_train_step(
+        task.model, tx, task.site, task.loss_cfg, nan_step=int(t.debug_nan_step),
+        state_shardings=shardings, batch_sharding=batch_sharding, axis_rules=rules,
+        lr_schedule=state_lib.learning_rate_schedule(t), allow_approximate=task.approximate)
+    next_batch = lambda i: task_lib.train_batch(task, i, int(t.batch_size))
+  else:
+    train_step = state_lib.make_train_step(
+        None, tx, None, None, nan_step=int(t.debug_nan_step), state_shardings=shardings,
+        batch_sharding=batch_sharding, axis_rules=rules,
+        lr_schedule=state_lib.learning_rate_schedule(t), loss_fn=custom.loss,
+        frozen=custom.frozen)
+    next_batch = lambda i: custom.train_batch(i, int(t.batch_size))
   evaluator = None
   eval_metrics: dict = {}
   last_train: dict = {}
@@ -227,8 +253,7 @@ def _train(config, workdir, model, site, fresh, allow_config_change) -> dict:
       tic, tic_step = prog.clock(), start
       for step in range(start + 1, num_steps + 1):
         last_step[0] = step - 1
-        batch = sharding_lib.shard_batch(task_lib.train_batch(task, step - 1, int(t.batch_size)),
-                                         batch_sharding)
+        batch = sharding_lib.shard_batch(next_batch(step - 1), batch_sharding)
         state, metrics = train_step(state, batch, train_rng)
         if not bool(jax.device_get(metrics["finite"])):
           host = _host(metrics)

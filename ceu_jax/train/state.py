@@ -72,26 +72,39 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, site: Si
                     loss_cfg: losses.LossConfig, *, nan_step: int = -1,
                     state_shardings: Any = None, batch_sharding: Any = None,
                     axis_rules: Any = (), lr_schedule: optax.Schedule | None = None,
-                    allow_approximate: bool = False) -> Callable:
+                    allow_approximate: bool = False, loss_fn: Callable | None = None,
+                    frozen: Any = None) -> Callable:
   """The jitted `train_step(state, batch, rng) -> (state, metrics)`.
+
+  `loss_fn(params, frozen, batch, rng) -> (loss, metrics)` replaces
+  `losses.cer_loss` (a `task.CustomTask`'s objective; model/site/loss_cfg are then
+  unused); `frozen` is a pytree of constants it reads (e.g. a pretrained model's
+  frozen weights): an argument of the compiled step, never part of the state.
 
   `nan_step` >= 1 (tests only) multiplies the loss by NaN in the update that
   completes step `nan_step` (state.step == nan_step − 1).
   With shardings given, the state keeps its layout and the metrics are
   replicated.
   """
-  def train_step(state: TrainState, batch: TrainBatch, rng: jax.Array):
+  def train_step(state: TrainState, batch: TrainBatch, rng: jax.Array,
+                 frozen_args: Any = None):
     rng = jax.random.fold_in(rng, state.step)
     nan_scale = None
     if nan_step >= 1:
       nan_scale = jnp.where(state.step + 1 == nan_step, jnp.nan, 1.0).astype(jnp.float32)
 
-    def loss_fn(params):
+    def objective(params):
       with nn.logical_axis_rules(axis_rules):
+        if loss_fn is not None:
+          loss, metrics = loss_fn(params, frozen_args, batch, rng)
+          if nan_scale is not None:
+            loss = loss * nan_scale
+            metrics = {**metrics, "loss": loss}
+          return loss, metrics
         return losses.cer_loss(params, model, site, batch.clean, batch.corrupt, rng,
                                loss_cfg, nan_scale, allow_approximate)
 
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = optax.global_norm(grads)
@@ -104,7 +117,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, site: Si
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   kwargs = {}
+  extra = () if loss_fn is None else (None,)   # the frozen pytree: replicated
   if state_shardings is not None:
-    kwargs = dict(in_shardings=(state_shardings, batch_sharding, None),
+    kwargs = dict(in_shardings=(state_shardings, batch_sharding, None) + extra,
                   out_shardings=(state_shardings, None))
-  return jax.jit(train_step, donate_argnums=(0,), **kwargs)
+  step = jax.jit(train_step, donate_argnums=(0,), **kwargs)
+  if loss_fn is None:
+    return step
+  return lambda state, batch, rng: step(state, batch, rng, frozen)

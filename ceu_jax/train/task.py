@@ -8,7 +8,7 @@ so every process, device layout and resumed run sees the same batches.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 import flax.linen as nn
 import jax
@@ -62,3 +62,25 @@ def train_batch(task: Task, step: int, batch_size: int) -> TrainBatch:
     corrupt = task.data.corrupt(task.data_cfg, clean, task.loss_cfg.corruption,
                                 corrupt_key(task.seed, step))
   return TrainBatch(clean=clean, corrupt=corrupt)
+
+
+class CustomTask(Protocol):
+  """A task the loop trains without the retrieval-model machinery (e.g. fine-tuning
+  a pretrained LM, `ceu_jax.pretrained.cer_task`). The loop keeps its own
+  checkpointing, resume, SIGTERM, NaN handling and metric files; the task gives:"""
+
+  frozen: Any   # pytree passed to `loss` (never in the state, never checkpointed)
+
+  def validate(self, config: Any) -> None:
+    """ValueError naming the field for a bad config (before anything compiles)."""
+
+  def init_params(self, rng: jax.Array) -> Any:
+    """The trained parameters (unboxed: replicated on the mesh)."""
+
+  def loss(self, params: Any, frozen: Any, batch: Any, rng: jax.Array
+           ) -> tuple[jax.Array, dict]:
+    """(scalar loss, metrics incl. 'task_nll'); pure and jittable."""
+
+  def train_batch(self, step: int, batch_size: int) -> Any:
+    """The global batch of data step `step` (a pure function of the seed and step;
+    a pytree of arrays with leading axis batch_size)."""

@@ -1,0 +1,167 @@
+"""Held-out evaluation of a SmolLM2 fine-tune (or the base model) on factual-QA pairs.
+
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:cpu --workdir W
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:cpu --workdir W0 --eval=base
+
+Items: the first `eval.num_examples` token-aligned entity-swap pairs of
+`data.eval_split` (`cer_task.build_pairs`, same short contexts as training).
+Per item: the greedy answer to the clean prompt (EM / token F1 against the gold,
+SQuAD normalisation, `metrics.text`), NLL = −log p(y* | D+), and the engine's
+CEU of the ev / dis / control probes at every layer's read port (the fast
+causal audit, `audit_nq.audit_batch`, tested against the engine). Supported
+answer (SPEC §6) = EM correct AND CEU_ev ≥ τ (0.5) at the trained port
+`model.read_layer`. Every aggregate carries a bootstrap 95% CI and its n.
+
+Outputs in <workdir>/eval_{trained|base}/ (atomic writes; a rerun skips finished
+batches): batches/*.json, summary.json (metrics + per-layer profile), and
+plots/layer_profile.{png,pdf} (`audit_nq.plot_profile`).
+"""
+from __future__ import annotations
+
+import os
+import time
+import types
+from typing import Any
+
+import numpy as np
+
+from ceu_jax import io
+from ceu_jax.metrics import mean_ci
+from ceu_jax.metrics.text import exact_match, token_f1
+from ceu_jax.pretrained import audit_nq
+from ceu_jax.pretrained import lora as lora_lib
+
+TAU = 0.5  # CEU_ev threshold of a supported answer (SPEC §6 default)
+
+
+def _log(msg: str) -> None:
+  print(f'[smollm2_cer eval] {msg}', flush=True)
+
+
+def _variables(task, workdir: str, trained: bool) -> tuple[dict, Any]:
+  if not trained:
+    return {'params': task.base}, None
+  from ceu_jax.pretrained import cer_task
+  tree, step = cer_task.restore_trainable(task, workdir)
+  return {'params': lora_lib.merged(tree, task.base, task.lora)}, step
+
+
+def evaluate(task, workdir: str, *, trained: bool = True) -> dict:
+  """Evaluates the newest checkpoint of `workdir` (or the base model); returns the summary."""
+  from ceu_jax.pretrained import cer_task
+  from ceu_jax.readers.smollm2 import SmolLM2Reader
+  c = task.config
+  out_dir = os.path.join(workdir, 'eval_trained' if trained else 'eval_base')
+  os.makedirs(os.path.join(out_dir, 'batches'), exist_ok=True)
+  t0 = time.time()
+  variables, step = _variables(task, workdir, trained)
+  pairs, report = cer_task.build_pairs(task.tokenizer, c, c.data.eval_split,
+                                       limit=int(c.eval.num_examples))
+  if len(pairs) < int(c.eval.num_examples):
+    _log(f'only {len(pairs)} aligned held-out pairs (asked {c.eval.num_examples}): {report}')
+  bs, n_tail, pad_to = int(c.eval.batch_size), int(c.data.max_answer_tokens), int(c.data.max_len)
+  eps = float(c.cer.eps)
+  reader = None
+  rows: list[dict] = []
+  n_batches = (len(pairs) + bs - 1) // bs
+  for b in range(n_batches):
+    path = os.path.join(out_dir, 'batches', f'{b:05d}.json')
+    if os.path.exists(path):
+      rows += io.read_json(path)
+      continue
+    ps = pairs[b * bs:(b + 1) * bs]
+    arrays = audit_nq.batch_arrays(task.tokenizer, ps, bs, pad_to)
+    prof = audit_nq.audit_batch(variables, task.model_config, arrays, n_tail,
+                                audit_nq.SPAN_PROBES, eps)
+    new = audit_nq.batch_rows(ps, prof, audit_nq.SPAN_PROBES)
+    if reader is None:
+      reader = SmolLM2Reader(variables, task.model_config, task.tokenizer)
+    gens = reader.generate([p.clean_prompt for p in ps], max_new_tokens=int(c.eval.max_new_tokens),
+                           stop=['\n'], ids=[p.id for p in ps])
+    pred = {p.id: g.text.strip() for p, g in zip(ps, gens)}
+    for r in new:
+      r['prediction'] = pred[r['id']]
+      r['em'] = exact_match(pred[r['id']], [r['answer']])
+      r['f1'] = token_f1(pred[r['id']], [r['answer']])
+    io.write_json_atomic(path, new)
+    rows += new
+    el = time.time() - t0
+    _log(f'batch {b + 1}/{n_batches}: {el:.0f}s elapsed')
+  summary = summarize(rows, task.model_config.n_layers, c)
+  summary.update(step=step, trained=trained, pairs=report, wall_s=time.time() - t0,
+                 read_layer=int(c.model.read_layer))
+  io.write_json_atomic(os.path.join(out_dir, 'summary.json'), summary)
+  audit_nq.plot_profile(summary['profile'], audit_nq.SPAN_PROBES,
+                        os.path.join(out_dir, 'plots', 'layer_profile'))
+  return summary
+
+
+def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
+  """Headline metrics with 95% CIs at the trained port, and the per-layer profile."""
+  cfg = types.SimpleNamespace(num_resamples=int(config.eval.num_resamples),
+                              seed=int(config.seed), eps=float(config.cer.eps))
+  agg = lambda x: mean_ci(np.asarray(x, np.float64), num_resamples=cfg.num_resamples,
+                          seed=cfg.seed).to_dict()
+  layer = int(config.model.read_layer)
+  at = [r for r in rows if r['layer'] == layer]
+  ceu = lambda name: [r[f'ceu_{name}'] for r in at if r[f'ceu_{name}'] is not None]
+  supported = [float(r['em'] == 1.0 and r['ceu_ev'] is not None and r['ceu_ev'] >= TAU)
+               for r in at]
+  return {
+      'n': len(at), 'em': agg([r['em'] for r in at]), 'f1': agg([r['f1'] for r in at]),
+      'nll': agg([-r['L_plus'] for r in at]),
+      'ceu_ev': agg(ceu('ev')), 'ceu_dis': agg(ceu('dis')), 'ceu_control': agg(ceu('control')),
+      f'supported_{TAU}': agg(supported),
+      'profile': audit_nq.summarize(rows, audit_nq.SPAN_PROBES, n_layers, cfg),
+  }
+
+
+# ----------------------------------------------------------------------------
+# Report: the table and the before/after layer profile of several runs.
+# ----------------------------------------------------------------------------
+
+TABLE_METRICS = ('em', 'f1', 'nll', 'ceu_ev', 'ceu_dis', 'ceu_control', f'supported_{TAU}')
+
+
+def _cell(a: dict) -> str:
+  if a.get('value') is None:
+    return 'n/a'
+  return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+
+
+def report(entries: list[tuple[str, str]], out_dir: str) -> str:
+  """Markdown table (95% CIs, n) and one CEU_ev-by-layer plot of several evaluations.
+
+  entries: (label, path of an eval_*/summary.json). Writes out_dir/table.md and
+  out_dir/layer_profiles.{png,pdf}; returns the table.
+  """
+  from matplotlib.figure import Figure
+
+  from ceu_jax.plotting import save_figure
+  sums = [(label, io.read_json(path)) for label, path in entries]
+  head = '| run | n | ' + ' | '.join(TABLE_METRICS) + ' |'
+  lines = [head, '|' + '---|' * (len(TABLE_METRICS) + 2)]
+  for label, s in sums:
+    lines.append(f"| {label} (step {s.get('step')}) | {s['n']} | "
+                 + ' | '.join(_cell(s[m]) for m in TABLE_METRICS) + ' |')
+  table = '\n'.join(lines) + '\n'
+  os.makedirs(out_dir, exist_ok=True)
+  io.write_text_atomic(os.path.join(out_dir, 'table.md'), table)
+  fig = Figure(figsize=(7, 4))
+  ax = fig.add_subplot()
+  for label, s in sums:
+    for name, ls in (('ev', '-'), ('dis', ':')):
+      agg = [e[name]['ceu'] for e in s['profile']['per_layer']]
+      layers = [e['layer'] for e in s['profile']['per_layer']]
+      val = np.array([a['value'] if a['value'] is not None else np.nan for a in agg])
+      lo = np.array([a['ci_low'] if a['ci_low'] is not None else np.nan for a in agg])
+      hi = np.array([a['ci_high'] if a['ci_high'] is not None else np.nan for a in agg])
+      line, = ax.plot(layers, val, ls=ls, marker='o', ms=3, label=f'{label}: CEU_{name}')
+      ax.fill_between(layers, lo, hi, color=line.get_color(), alpha=0.15)
+  ax.axvline(sums[0][1].get('read_layer', 0), color='gray', lw=0.8, ls='--')
+  ax.set(xlabel='layer ℓ (read port layers_ℓ/attn, answer positions)', ylabel='mean CEU',
+         title='SmolLM2-135M before / after fine-tuning (95% bootstrap CI)')
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  save_figure(fig, os.path.join(out_dir, 'layer_profiles'))
+  return table

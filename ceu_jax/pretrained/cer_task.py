@@ -1,0 +1,327 @@
+"""Fine-tuning SmolLM2 on factual QA with or without CER, in the project's training loop.
+
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:tiny --workdir W
+
+`SmolLM2CERTask(config)` is a `ceu_jax.train.task.CustomTask`: the loop
+(`ceu_jax.train.loop.train_and_evaluate(config, workdir, custom=task)`) keeps its
+checkpointing, resume, SIGTERM, NaN handling and metric files; the task gives
+the parameters (LoRA adapters by default: `lora.py`; the base weights are the
+loss's frozen argument, never in a checkpoint), the batches and the objective
+(`cer_objective.lm_cer_loss` at `layers_{model.read_layer}/attn:read`).
+
+Data (Natural Questions items of the shipped factual-QA set): an item's context
+is its evidence sentence (the one holding the answer) plus up to
+`data.n_distractor_sentences` other sentences of its passage (seeded, in passage
+order), so prompts stay short for CPU. Pairs are the SmolLM2 audit's entity
+swap (`audit_nq.make_pair`): D− replaces every answer mention by a substitute
+entity with the same token count, D+ and D− token-aligned; dis = another
+entity mention of the context (distractor), control = a random span. Items
+whose pair cannot be aligned, or that are longer than data.max_len tokens, are
+dropped and counted (never truncated). Training batch of step s: rows
+s·B … s·B + B − 1 of an endless sequence of seeded epoch permutations, a pure
+function of (seed, step).
+
+Config sections: seed, data, model, lora, train, cer, eval, sharding
+(configs/smollm2_cer.py documents every field).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from typing import Any, Optional, Sequence
+
+import jax
+import numpy as np
+
+from ceu_jax.pretrained import audit_nq
+from ceu_jax.pretrained import cer_objective as obj
+from ceu_jax.pretrained import lora as lora_lib
+from ceu_jax.pretrained.model import SmolLMConfig
+from ceu_jax.train import config as config_lib
+from ceu_jax.train import fields
+from ceu_jax.train.losses import LossConfig
+
+SECTIONS = ('seed', 'data', 'model', 'lora', 'train', 'cer', 'eval', 'sharding')
+N_LAYERS = 30  # SmolLM2-135M
+SPLITS = ('train', 'validation', 'test')
+DATA_FIELDS = {
+    'train_split': fields.one_of(*SPLITS), 'eval_split': fields.one_of(*SPLITS),
+    'max_items': fields.ge(0, True), 'n_distractor_sentences': fields.one_of(0, 1, 2),
+    'max_len': fields.ge(8, True), 'max_answer_tokens': fields.ge(1, True),
+    'substitutes': lambda x: None if isinstance(x, (tuple, list)) and x and all(
+        s in ('dataset', 'swap_equal', 'drawn') for s in x) else
+    "must be a non-empty subset of ('dataset', 'swap_equal', 'drawn')",
+    'n_draws': fields.ge(0, True),
+}
+MODEL_FIELDS = {
+    'gguf_path': lambda x: None if isinstance(x, str) else 'must be a path or ""',
+    'n_layers': fields.ge(0, True), 'read_layer': lambda x: None,  # checked below
+    'cer_path': fields.one_of(*obj.PATHS),
+}
+LORA_FIELDS = {
+    'rank': fields.ge(1, True), 'alpha': fields.gt(0), 'full': fields.boolean,
+    'targets': lambda x: None if isinstance(x, (tuple, list)) and x and all(
+        t in lora_lib.TARGETS for t in x) else f'must be a non-empty subset of '
+    f'{lora_lib.TARGETS}',
+}
+EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, True),
+               'best_metric': fields.one_of(*config_lib.BEST_METRICS),
+               'num_resamples': fields.ge(0, True), 'max_new_tokens': fields.ge(1, True)}
+
+
+def model_layers(config: Any) -> int:
+  """Layers of the configured model (model.n_layers, 0 = all 30), without loading it."""
+  n = int(config.model.n_layers)
+  return N_LAYERS if n == 0 else min(n, N_LAYERS)
+
+
+def validate(config: Any) -> None:
+  """ValueError naming the field for a bad config; nothing is loaded or compiled."""
+  top = config_lib._items(config)
+  unknown = sorted(set(top) - set(SECTIONS))
+  if unknown:
+    raise ValueError(f'{unknown[0]} is an unknown config section; known: {SECTIONS}')
+  for name in SECTIONS:
+    if name not in top:
+      raise ValueError(f'{name} is missing from the config')
+  if not fields.is_int(top['seed']) or top['seed'] < 0:
+    raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
+  config_lib._check_section('data', config.data, DATA_FIELDS)
+  config_lib._check_section('model', config.model, MODEL_FIELDS)
+  config_lib._check_section('lora', config.lora, LORA_FIELDS)
+  config_lib._check_section('train', config.train, config_lib.TRAIN_FIELDS)
+  config_lib._check_section('cer', config.cer, config_lib.CER_FIELDS)
+  config_lib._check_section('eval', config.eval, EVAL_FIELDS)
+  lora_lib.check_layer(config.model.read_layer, SmolLMConfig(n_layers=model_layers(config)),
+                       'model.read_layer')
+  c, t = config.cer, config.train
+  if c.corruption != 'entity_swap':
+    raise ValueError(f"cer.corruption must be 'entity_swap' (the token-aligned factual-QA "
+                     f"pairs), got {c.corruption!r}")
+  if c.regularizer == 'evidence_distractor' and c.k < 2:
+    raise ValueError(f'cer.k must be >= 2 for regularizer evidence_distractor, got {c.k}')
+  if c.lambda_noret > 0:
+    raise ValueError(f'cer.lambda_noret must be 0 here (no empty-context runs), got '
+                     f'{c.lambda_noret}')
+  if t.warmup_steps > t.num_steps:
+    raise ValueError(f'train.warmup_steps ({t.warmup_steps}) must be <= train.num_steps '
+                     f'({t.num_steps})')
+  if int(t.eval_every):
+    raise ValueError(f'train.eval_every must be 0 (held-out evaluation runs after training: '
+                     f'`evaluate`), got {t.eval_every}')
+  if config.data.max_answer_tokens >= config.data.max_len:
+    raise ValueError('data.max_answer_tokens must be < data.max_len')
+  config_lib._check_sharding(config.sharding, None)
+
+
+def loss_config(config: Any) -> LossConfig:
+  return LossConfig.from_config(config.cer)
+
+
+def lora_config(config: Any) -> lora_lib.LoRAConfig:
+  return lora_lib.LoRAConfig(rank=int(config.lora.rank), alpha=float(config.lora.alpha),
+                             targets=tuple(config.lora.targets), full=bool(config.lora.full))
+
+
+# ----------------------------------------------------------------------------
+# Pairs.
+# ----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _storage() -> tuple[tuple[dict, ...], dict]:
+  from ceu_jax.data.factqa import storage
+  return tuple(storage.read_examples()), storage.read_passages()
+
+
+def short_context(rec: dict, passage: dict, n_distractors: int, seed: int) -> str:
+  """The evidence sentence plus up to n other sentences of the passage, in order."""
+  sents = passage['sentences']
+  ev = int(rec['sentence_index'])
+  others = [i for i in range(len(sents)) if i != ev]
+  rng = np.random.default_rng([seed, audit_nq.zlib.crc32(rec['id'].encode())])
+  pick = sorted([ev] + [others[i] for i in rng.permutation(len(others))[:n_distractors]])
+  return ' '.join(sents[i] for i in pick)
+
+
+def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None
+                ) -> tuple[list[audit_nq.Pair], dict]:
+  """Token-aligned entity-swap pairs of `split` (NQ) with short contexts, and a report.
+
+  limit: stop after this many pairs (items in id order); config.data.max_items
+  bounds the items scanned (0: all).
+  """
+  d = config.data
+  examples, passages = _storage()
+  recs = sorted((e for e in examples if e['source'] == 'nq' and e['split'] == split),
+                key=lambda e: e['id'])
+  if d.max_items:
+    recs = recs[:int(d.max_items)]
+  pool = audit_nq._drawn_pool(tok, [(e, '') for e in recs])
+  pc = types.SimpleNamespace(max_len=int(d.max_len), max_answer_tokens=int(d.max_answer_tokens),
+                             seed=int(config.seed), substitutes=tuple(d.substitutes),
+                             n_draws=int(d.n_draws))
+  pairs, dropped, scanned = [], {}, 0
+  for e in recs:
+    scanned += 1
+    ctx = short_context(e, passages[e['passage_id']], int(d.n_distractor_sentences),
+                        int(config.seed))
+    pair, why = audit_nq.make_pair(tok, e, ctx, pool, pc)
+    if pair is None:
+      dropped[why] = dropped.get(why, 0) + 1
+    else:
+      pairs.append(pair)
+      if limit is not None and len(pairs) >= limit:
+        break
+  return pairs, {'split': split, 'scanned': scanned, 'kept': len(pairs), 'dropped': dropped}
+
+
+def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int) -> dict:
+  """The objective's batch (`cer_objective` module doc) of pairs, checked host-side.
+
+  ValueError naming the item when a pair's D+ and D− rows are not token-aligned
+  (different token counts, or tokens differing outside the evidence span).
+  """
+  from ceu_jax.pretrained.tokenizer import encode_batch
+  answers = [p.answer for p in pairs]
+  bp = encode_batch(tok, [p.clean_prompt for p in pairs], answers, pad_to=pad_to)
+  bm = encode_batch(tok, [p.corrupt_prompt for p in pairs], answers, pad_to=pad_to)
+  t_in = pad_to - 1
+  spans = {n: np.zeros((len(pairs), t_in), bool) for n in obj.PROBES}
+  for i, p in enumerate(pairs):
+    if bp.prompt_len[i] != bm.prompt_len[i] or p.prompt_tokens != bp.prompt_len[i]:
+      raise ValueError(f'item {p.id}: D+ and D− are not token-aligned (D+ prompt '
+                       f'{bp.prompt_len[i]} tokens, D− {bm.prompt_len[i]}, pair says '
+                       f'{p.prompt_tokens})')
+    off = pad_to - p.length
+    for n in obj.PROBES:
+      spans[n][i, off + np.asarray(getattr(p, n), int)] = True
+  batch = {'tokens_p': bp.tokens, 'tokens_m': bm.tokens, 'valid': bp.valid,
+           'answer_mask': bp.answer_mask, 'span_ev': spans['ev'], 'span_dis': spans['dis'],
+           'span_control': spans['control'],
+           'has_dis': np.array([bool(p.dis) for p in pairs]),
+           'has_control': np.array([bool(p.control) for p in pairs])}
+  obj.check_batch(batch, [p.id for p in pairs])
+  return batch
+
+
+# ----------------------------------------------------------------------------
+# The task.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class SmolLM2CERTask:
+  """`CustomTask` of a smollm2_cer config (module doc)."""
+  config: Any  # the validated run config
+  model_config: SmolLMConfig  # the (possibly truncated) SmolLM2 hyper-parameters
+  base: dict  # frozen base params (host/device arrays)
+  tokenizer: Any  # the SmolLM2 tokenizer
+  pairs: list  # training pairs (seeded epochs over them)
+  report: dict  # pair selection report
+
+  @classmethod
+  def from_config(cls, config: Any, *, load=None) -> 'SmolLM2CERTask':
+    """Validates, loads the GGUF model (or `load()` -> (model_config, params, tok)), builds pairs."""
+    validate(config)
+    if load is None:
+      from ceu_jax.pretrained import load_smollm2, load_tokenizer
+      path = config.model.gguf_path or None
+      mc, variables = load_smollm2(path, n_layers=int(config.model.n_layers) or None)
+      tok = load_tokenizer(path)
+    else:
+      mc, variables, tok = load()
+    lora_lib.check_layer(config.model.read_layer, mc, 'model.read_layer')
+    pairs, report = build_pairs(tok, config, config.data.train_split)
+    if not pairs:
+      raise ValueError(f'no aligned training pairs in split {config.data.train_split!r}: '
+                       f'{report}')
+    return cls(config, mc, variables['params'], tok, pairs, report)
+
+  # -- CustomTask -------------------------------------------------------------
+  def validate(self, config: Any) -> None:
+    validate(config)
+    lora_lib.check_layer(config.model.read_layer, self.model_config, 'model.read_layer')
+
+  @property
+  def lora(self) -> lora_lib.LoRAConfig:
+    return lora_config(self.config)
+
+  @property
+  def frozen(self) -> Optional[dict]:
+    return None if self.lora.full else self.base
+
+  def init_params(self, rng: jax.Array) -> Any:
+    return lora_lib.init_trainable(rng, self.model_config, self.lora, self.base)
+
+  @property
+  def n_tail(self) -> int:
+    return int(self.config.data.max_answer_tokens)
+
+  def loss(self, params: Any, frozen: Any, batch: dict, rng: jax.Array):
+    del rng  # the probes' spans are fixed per pair
+    return obj.lm_cer_loss(params, frozen, batch, config=self.model_config, lora=self.lora,
+                           layer=int(self.config.model.read_layer),
+                           cfg=loss_config(self.config), n_tail=self.n_tail,
+                           path=str(self.config.model.cer_path))
+
+  def batch_pairs(self, step: int, batch_size: int) -> list:
+    n = len(self.pairs)
+    rows = []
+    for r in range(step * batch_size, (step + 1) * batch_size):
+      epoch, pos = divmod(r, n)
+      order = np.random.default_rng([int(self.config.seed), 0xE90C, epoch]).permutation(n)
+      rows.append(self.pairs[order[pos]])
+    return rows
+
+  def train_batch(self, step: int, batch_size: int) -> dict:
+    return batch_arrays(self.tokenizer, self.batch_pairs(step, batch_size),
+                        int(self.config.data.max_len))
+
+
+# ----------------------------------------------------------------------------
+# Driver.
+# ----------------------------------------------------------------------------
+
+
+def restore_trainable(task: SmolLM2CERTask, workdir: str) -> tuple[Any, int]:
+  """(trained tree, step) of the newest valid checkpoint of `workdir` (read-only)."""
+  from ceu_jax.train import checkpoint as ckpt_lib
+  from ceu_jax.train import loop
+  from ceu_jax.train import sharding as sharding_lib
+  from ceu_jax.train import state as state_lib
+  c = task.config
+  mesh = sharding_lib.make_mesh(c.sharding)
+  tx = state_lib.make_optimizer(c.train)
+  abstract, _ = sharding_lib.state_layout(loop._custom_init_fn(task, tx), jax.random.PRNGKey(0),
+                                          mesh, sharding_lib.rules(c.sharding))
+  ckpt = ckpt_lib.Checkpointer(workdir, keep_latest=int(c.train.keep_latest),
+                               keep_best=int(c.train.keep_best),
+                               best_metric=str(c.eval.best_metric),
+                               best_mode=config_lib.BEST_METRICS[str(c.eval.best_metric)],
+                               read_only=True)
+  try:
+    restored = ckpt.restore(abstract)
+  finally:
+    ckpt.manager.close()
+  if restored is None:
+    raise ckpt_lib.CheckpointError(f'no checkpoint in {workdir}')
+  state, step, _ = restored
+  return jax.device_get(state.params), int(step)
+
+
+def run(config: Any, workdir: str, *, fresh: bool = False, allow_config_change=(),
+        evaluate: str = 'trained', load=None) -> dict:
+  """Train (unless evaluate == 'base'), then evaluate ('trained' | 'base' | 'none')."""
+  from ceu_jax.train import loop
+  task = SmolLM2CERTask.from_config(config, load=load)
+  out: dict = {'pairs': task.report}
+  if evaluate != 'base':
+    out['train'] = loop.train_and_evaluate(config, workdir, fresh=fresh,
+                                           allow_config_change=allow_config_change,
+                                           custom=task)
+  if evaluate != 'none':
+    from ceu_jax.pretrained import cer_eval
+    out['eval'] = cer_eval.evaluate(task, workdir, trained=evaluate == 'trained')
+  return out

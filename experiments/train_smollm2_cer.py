@@ -1,0 +1,66 @@
+r"""Fine-tune SmolLM2-135M on factual QA (baseline or CER), then evaluate it on held-out items.
+
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:tiny --workdir /tmp/cer
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:cpu,regularizer=none \
+      --workdir runs/smollm2_ft_base
+
+Training is the project's loop (`ceu_jax.train.loop.train_and_evaluate` with the
+`ceu_jax.pretrained.cer_task.SmolLM2CERTask`): the same workdir files, resume,
+exit codes (75 after SIGTERM with a checkpoint saved, 65 on a non-finite loss).
+`--eval=base` evaluates the untrained base model instead (no training);
+`--eval=none` only trains. Evaluation writes <workdir>/eval_{trained|base}/ (`cer_eval`).
+The table and the before/after layer profile of several runs:
+  python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:cpu --workdir runs/report \
+      --report=base=runs/smollm2_base/eval_base/summary.json,ft=runs/smollm2_ft/eval_trained/summary.json,cer=runs/smollm2_cer/eval_trained/summary.json
+"""
+from __future__ import annotations
+
+import sys
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from ceu_jax import cli
+from ceu_jax.pretrained import cer_task
+from ceu_jax.train import loop
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "configs/smollm2_cer.py:<variant>",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and evaluation.")
+flags.DEFINE_bool("fresh", False, "Move an earlier run aside and start from step 0.")
+flags.DEFINE_list("allow_config_change", [], "Training fields that may differ from "
+                  "<workdir>/config.json on this rerun.")
+flags.DEFINE_enum("eval", "trained", ["trained", "base", "none"],
+                  "Evaluate the trained checkpoint, the base model (no training), or nothing.")
+flags.DEFINE_list("report", [], "Instead of training: label=path/to/eval_*/summary.json "
+                  "entries; writes <workdir>/table.md and layer_profiles.png of them.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise ValueError(f"too many command-line arguments: {argv[1:]}")
+  if FLAGS.report:
+    from ceu_jax.pretrained import cer_eval  # pylint: disable=g-import-not-at-top
+    entries = [tuple(e.split("=", 1)) for e in FLAGS.report]
+    bad = [e for e in entries if len(e) != 2]
+    if bad:
+      raise ValueError(f"--report entries must be label=path, got {bad[0]}")
+    print(cer_eval.report(entries, FLAGS.workdir))
+    return
+  try:
+    cer_task.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,
+                 allow_config_change=FLAGS.allow_config_change, evaluate=FLAGS.eval)
+  except loop.Preempted as e:
+    logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
+    logging.flush()
+    sys.exit(loop.EXIT_PREEMPTED)
+  except loop.Diverged as e:
+    print(f"training diverged: {e}", file=sys.stderr)
+    logging.flush()
+    sys.exit(loop.EXIT_DIVERGED)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,277 @@
+"""LoRA on SmolLM2 and the CER objective at one read port (issue #21).
+
+Oracles: zero adapters give the base model's logits; the causal-tail path
+equals the engine's full recompute (loss, CEU metrics and gradients) at every
+layer; bad input (read-port layer outside the model, D+/D− not token-aligned)
+is refused before anything compiles, naming the field or the item.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ceu_jax.pretrained import cer_objective as C
+from ceu_jax.pretrained import cer_task
+from ceu_jax.pretrained import gguf_loader
+from ceu_jax.pretrained import lora as L
+from ceu_jax.pretrained.model import SmolLM, SmolLMConfig
+from ceu_jax.train.losses import LossConfig
+from configs import smollm2_cer
+
+_WHY = gguf_loader.is_available()
+needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+
+TOY = SmolLMConfig(vocab_size=61, width=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+                   mlp_width=48, max_len=64)
+
+
+def _base(config=TOY, seed=0):
+  return SmolLM(config).init(jax.random.PRNGKey(seed), jnp.ones((1, 8), jnp.int32))['params']
+
+
+def _nonzero(adapters, seed=3, scale=0.1):
+  """Adapters with random B (so the adapted model differs from the base)."""
+  leaves, tree = jax.tree_util.tree_flatten_with_path(adapters)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  out = [jax.random.normal(k, x.shape) * scale if p[-1].key == 'b' else x
+         for k, (p, x) in zip(keys, leaves)]
+  return jax.tree.unflatten(jax.tree.structure(adapters), out)
+
+
+def _toy_batch(seed=0, b=3, t=14, n_ans=2):
+  rng = np.random.default_rng(seed)
+  tp = rng.integers(1, TOY.vocab_size, (b, t)).astype(np.int32)
+  valid = np.ones((b, t), bool)
+  valid[0, :3], tp[0, :3] = False, 0
+  am = np.zeros((b, t), bool)
+  am[:, -n_ans:] = True
+  am[1, -n_ans - 1] = True
+  tm = tp.copy()
+  ev = np.zeros((b, t - 1), bool)
+  ev[:, 5:7] = True
+  tm[:, 5:7] = (tp[:, 5:7] % (TOY.vocab_size - 1)) + 1  # a different token, never the pad
+  dis = np.zeros_like(ev)
+  dis[:, 3] = True
+  ctl = np.zeros_like(ev)
+  ctl[:, 8:10] = True
+  return dict(tokens_p=tp, tokens_m=tm, valid=valid, answer_mask=am, span_ev=ev,
+              span_dis=dis, span_control=ctl, has_dis=np.array([True, False, True]),
+              has_control=np.ones(b, bool))
+
+
+# ---------------------------------------------------------------- LoRA
+
+
+def test_adapter_shapes_and_zero_init():
+  lc = L.LoRAConfig(rank=4, targets=('q_proj', 'down_proj'))
+  ad = L.init_adapters(jax.random.PRNGKey(0), TOY, lc)
+  assert sorted(ad) == [f'layers_{i}' for i in range(TOY.n_layers)]
+  q = ad['layers_0']['attn']['q_proj']
+  d = ad['layers_0']['mlp']['down_proj']
+  assert q['a'].shape == (TOY.width, 4) and q['b'].shape == (4, TOY.n_heads * TOY.head_dim)
+  assert d['a'].shape == (TOY.mlp_width, 4) and d['b'].shape == (4, TOY.width)
+  assert all(not np.any(x) for x in (q['b'], d['b']))
+  assert L.num_params(ad) == TOY.n_layers * (4 * (32 + 32) + 4 * (48 + 32))
+
+
+def test_merge_matches_closed_form():
+  lc = L.LoRAConfig(rank=2, alpha=3.0)
+  base = _base()
+  ad = _nonzero(L.init_adapters(jax.random.PRNGKey(1), TOY, lc))
+  p = L.merge(base, ad, lc)
+  for i in range(TOY.n_layers):
+    for t in L.TARGETS:
+      m = L.MODULE_OF[t]
+      a = np.asarray(ad[f'layers_{i}'][m][t]['a'], np.float64)
+      b = np.asarray(ad[f'layers_{i}'][m][t]['b'], np.float64)
+      want = np.asarray(base[f'layers_{i}'][m][t]['kernel'], np.float64) + 1.5 * a @ b
+      np.testing.assert_allclose(p[f'layers_{i}'][m][t]['kernel'], want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(p['embed']['embedding'], base['embed']['embedding'])
+
+
+def test_zero_adapters_reproduce_base_logits_toy():
+  lc = L.LoRAConfig(rank=4)
+  base = _base()
+  ad = _nonzero(L.init_adapters(jax.random.PRNGKey(1), TOY, lc))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, TOY.vocab_size, (2, 9)))
+  ref = SmolLM(TOY).apply({'params': base}, tokens)
+  moved = SmolLM(TOY).apply({'params': L.merge(base, ad, lc)}, tokens)
+  assert float(jnp.abs(moved - ref).max()) > 1e-3  # the adapters do change the model
+  out = SmolLM(TOY).apply({'params': L.merge(base, L.zero_adapters(ad), lc)}, tokens)
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_model
+def test_zero_adapters_reproduce_base_logits_smollm2():
+  """Acceptance 1: the whole 30-layer SmolLM2-135M, adapters on every projection."""
+  from ceu_jax.pretrained import load_smollm2
+  from ceu_jax.pretrained.patching import forward_logits
+  mc, variables = load_smollm2()
+  lc = L.LoRAConfig(rank=8)
+  ad = _nonzero(L.init_adapters(jax.random.PRNGKey(1), mc, lc), scale=0.05)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, mc.vocab_size, (1, 12)))
+  ref = forward_logits(variables, mc, tokens)
+  moved = forward_logits({'params': L.merge(variables['params'], ad, lc)}, mc, tokens)
+  assert float(jnp.abs(moved - ref).max()) > 1e-2
+  zero = {'params': L.merge(variables['params'], L.zero_adapters(ad), lc)}
+  np.testing.assert_allclose(forward_logits(zero, mc, tokens), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_full_finetune_trains_every_parameter():
+  lc = L.LoRAConfig(full=True)
+  base = _base()
+  tr = L.init_trainable(jax.random.PRNGKey(0), TOY, lc, base)
+  assert jax.tree.structure(tr) == jax.tree.structure(base)
+  assert L.merged(tr, None, lc) is tr
+
+
+# ---------------------------------------------------------------- CER: tail vs full
+
+
+@pytest.mark.parametrize('grad_path,layers', [
+    ('all', (0, 2)), ('numerator', (1,)),
+    pytest.param('all', (1,), marks=pytest.mark.slow),
+    pytest.param('numerator', (0, 2), marks=pytest.mark.slow)])
+def test_tail_path_equals_full_recompute_with_gradients(grad_path, layers):
+  """Loss, CEU metrics and adapter gradients of the causal-tail path equal the engine's
+  full recompute (record on D+, patch on D−) at the port of each layer, to 1e-5
+  (first, middle and last layer by default; the slow cases complete the grid)."""
+  lc = L.LoRAConfig(rank=4)
+  base = _base()
+  ad = _nonzero(L.init_adapters(jax.random.PRNGKey(1), TOY, lc))
+  batch = _toy_batch()
+  C.check_batch(batch)
+  cfg = LossConfig(regularizer='evidence_distractor', k=3, eps=1e-6, gap_floor=1e-3,
+                   grad_path=grad_path, beta_swap=0.5)
+  for layer in layers:
+    kw = dict(config=TOY, lora=lc, layer=layer, cfg=cfg, n_tail=3)
+    (lt, mt), gt = C.loss_and_grad(ad, base, batch, path='tail', **kw)
+    (lf, mf), gf = C.loss_and_grad(ad, base, batch, path='full', **kw)
+    assert abs(float(lt) - float(lf)) <= 1e-5 * max(1.0, abs(float(lf)))
+    for k in ('ceu_ev', 'ceu_dis', 'ceu_control', 'cer_ev', 'cer_dis', 'gap'):
+      assert abs(float(mt[k]) - float(mf[k])) <= 1e-5, (layer, k, mt[k], mf[k])
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(gf))
+    assert scale > 1e-3  # the CER terms do reach the adapters
+    diff = max(float(jnp.abs(a - b).max()) for a, b in
+               zip(jax.tree.leaves(gt), jax.tree.leaves(gf)))
+    assert diff <= 1e-5 * max(1.0, scale), (layer, diff, scale)
+
+
+def test_tail_intervened_logliks_equal_engine_per_probe():
+  """L_int [Q, B] itself (no loss around it), every layer, against the engine."""
+  base = _base()
+  batch = _toy_batch(seed=1)
+  model = SmolLM(TOY)
+  tp, tm, valid, am = (batch[k] for k in ('tokens_p', 'tokens_m', 'valid', 'answer_mask'))
+  _, cp = model.apply({'params': base}, tp[:, :-1], valid[:, :-1], n_logits=3,
+                      return_cache=True)
+  _, cm = model.apply({'params': base}, tm[:, :-1], valid[:, :-1], n_logits=3,
+                      return_cache=True)
+  spans = C.probe_spans(batch, 3)
+  for layer in range(TOY.n_layers):
+    tail = C.tail_intervened_logliks(base, TOY, layer, cp, cm, jnp.asarray(tm), am, spans, 3)
+    full = C.full_intervened_logliks(
+        base, TOY, layer, {'tokens': tp, 'valid': valid, 'answer_mask': am},
+        {'tokens': tm, 'valid': valid, 'answer_mask': am}, spans, 3)
+    assert tail.shape == (3, 3)
+    np.testing.assert_allclose(tail, full, rtol=1e-5, atol=1e-5)
+
+
+def test_plain_objective_is_the_answer_nll():
+  lc = L.LoRAConfig(rank=2)
+  base = _base()
+  ad = _nonzero(L.init_adapters(jax.random.PRNGKey(1), TOY, lc))
+  batch = _toy_batch()
+  loss, m = C.lm_cer_loss(ad, base, batch, config=TOY, lora=lc, layer=0,
+                          cfg=LossConfig(regularizer='none'), n_tail=3)
+  # Reference: a python loop over rows and answer tokens on full logits.
+  logits = SmolLM(TOY).apply({'params': L.merge(base, ad, lc)}, batch['tokens_p'][:, :-1],
+                             batch['valid'][:, :-1])
+  logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  ref = []
+  for i in range(3):
+    s = 0.0
+    for j in range(1, batch['tokens_p'].shape[1]):
+      if batch['answer_mask'][i, j]:
+        s += float(logp[i, j - 1, batch['tokens_p'][i, j]])
+    ref.append(-s)
+  np.testing.assert_allclose(float(loss), np.mean(ref), rtol=1e-5)
+  assert set(m) == {'task_nll', 'train_em', 'loss'}
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_misaligned_pair_is_refused_naming_the_item():
+  batch = _toy_batch()
+  batch['tokens_m'] = batch['tokens_m'].copy()
+  batch['tokens_m'][1, 9] = (batch['tokens_m'][1, 9] % 60) + 1
+  with pytest.raises(ValueError, match=r'item q-b: D\+ and D− are not token-aligned .* \[9\]'):
+    C.check_batch(batch, ['q-a', 'q-b', 'q-c'])
+  batch = _toy_batch()
+  batch['span_ev'] = np.zeros_like(batch['span_ev'])
+  with pytest.raises(ValueError, match='item row 0: D'):
+    C.check_batch(batch)
+
+
+@needs_model
+def test_misaligned_pair_from_text_is_refused_before_compiling():
+  """A pair whose D− prompt has another token count is refused by the batch builder
+  (host side; the training step is never traced)."""
+  from ceu_jax.pretrained import load_tokenizer
+  tok = load_tokenizer()
+  config = smollm2_cer.get_config('tiny')
+  pairs, _ = cer_task.build_pairs(tok, config, 'train', limit=2)
+  assert len(pairs) == 2
+  cer_task.batch_arrays(tok, pairs, config.data.max_len)  # the real pairs pass
+  bad = dataclasses.replace(pairs[1], corrupt_prompt=pairs[1].corrupt_prompt.replace(
+      'Context:', 'Context: a few more words here'))
+  with pytest.raises(ValueError, match=f'item {bad.id}: D\\+ and D− are not token-aligned'):
+    cer_task.batch_arrays(tok, [pairs[0], bad], config.data.max_len)
+
+
+@pytest.mark.parametrize('layer', [-1, 2, 30])
+def test_read_layer_outside_the_model_is_refused(layer):
+  config = smollm2_cer.get_config('tiny')  # 2 layers kept
+  config.model.read_layer = layer
+  with pytest.raises(ValueError, match=r'model.read_layer must be an integer in \[0, 1\]'):
+    cer_task.validate(config)
+
+
+def test_read_layer_outside_the_full_model_is_refused():
+  config = smollm2_cer.get_config('cpu')
+  config.model.read_layer = 30
+  with pytest.raises(ValueError, match=r'model.read_layer must be an integer in \[0, 29\]'):
+    cer_task.validate(config)
+  with pytest.raises(ValueError, match=r'read_layer must be an integer >= 0 and <= 29'):
+    smollm2_cer.get_config('cpu,read_layer=30')
+  for bad in (5, 1.5, True, '1'):
+    with pytest.raises(ValueError, match='model.read_layer must be an integer in'):
+      L.check_layer(bad, TOY)
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('lora.rank', 0, r'lora.rank must be'),
+    ('cer.corruption', 'removal', r"cer.corruption must be 'entity_swap'"),
+    ('train.eval_every', 5, r'train.eval_every must be 0'),
+    ('data.n_distractor_sentences', 3, r'data.n_distractor_sentences must be one of'),
+    ('model.cer_path', 'fast', r'model.cer_path must be one of'),
+])
+def test_bad_config_fields_are_named(field, value, match):
+  config = smollm2_cer.get_config('tiny')
+  sec, key = field.split('.')
+  config[sec][key] = value
+  with pytest.raises(ValueError, match=match):
+    cer_task.validate(config)
+
+
+def test_configs_validate():
+  for v in smollm2_cer.VARIANTS:
+    cer_task.validate(smollm2_cer.get_config(v))
+  c = smollm2_cer.get_config('cpu,regularizer=none,full=true,steps=20')
+  assert (c.cer.regularizer, c.lora.full, c.train.num_steps) == ('none', True, 20)
+  cer_task.validate(c)
