@@ -145,7 +145,8 @@ def run_audit(reader: Any, task: MediatedTask, instances: Sequence[Any],
   """One row per instance (module doc): generation, intervention, re-prompt.
 
   Row fields: id, tool, kind (COR | CNF | skip), skip_reason, gold, m_hat,
-  y_hat, arg, m_star, y_star, arg_star, forced (M* as forced), c_m_hat (C(M̂)),
+  y_hat, arg, m_star, y_star, arg_star, forced (M* as forced), output (the
+  generation), continuation (after the forced prefix), c_m_hat (C(M̂)),
   c_m_star, parse_fail (M̂ or Ŷ unparseable), parse_fail_star (Ŷ*),
   consistent (1[C(M̂) = Ŷ]), consistent_star (1[C(M*) = Ŷ*]), strong.
   """
@@ -167,7 +168,7 @@ def run_audit(reader: Any, task: MediatedTask, instances: Sequence[Any],
                      m_star=star, c_m_hat=c_hat,
                      c_m_star=None if star is None else task.decide(star, inst),
                      parse_fail=m_hat is None or y_hat is None,
-                     consistent=_same(c_hat, y_hat)))
+                     consistent=_same(c_hat, y_hat), output=task.output(g)))
   todo = [k for k, r in enumerate(rows) if r['kind'] != SKIP]
   forced = [task.render_mediator(rows[k]['m_star']) for k in todo]
   conts = reader.continue_from([prompts[k] for k in todo], forced,
@@ -179,12 +180,13 @@ def run_audit(reader: Any, task: MediatedTask, instances: Sequence[Any],
       raise AssertionError(f'item {r["id"]!r}: forced prefix {f!r} parses to {back!r}, '
                            f'not M* = {r["m_star"]!r}')
     y_star, arg_star = task.parse_decision(task.output(g), instances[k], tool)
-    r.update(forced=f, y_star=y_star, arg_star=arg_star, parse_fail_star=y_star is None,
+    r.update(forced=f, continuation=task.output(g), y_star=y_star, arg_star=arg_star,
+             parse_fail_star=y_star is None,
              consistent_star=_same(r['c_m_star'], y_star))
     r['strong'] = r['consistent'] and r['consistent_star']
   for r in rows:
     if r['kind'] == SKIP:
-      r.update(forced=None, y_star=None, arg_star=None, parse_fail_star=False,
+      r.update(forced=None, continuation=None, y_star=None, arg_star=None, parse_fail_star=False,
                consistent_star=False, strong=False)
   check_rows(task, instances, rows)
   return rows

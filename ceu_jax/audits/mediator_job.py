@@ -40,7 +40,8 @@ from ceu_jax.progress import Progress
 
 ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold', 'm_hat', 'y_hat',
                'arg', 'c_m_hat', 'consistent', 'm_star', 'forced', 'y_star', 'arg_star',
-               'c_m_star', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star')
+               'c_m_star', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star',
+               'output', 'continuation')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 WORLDS = ('atr', 'oracle', 'smollm2')
 
