@@ -133,13 +133,14 @@ def test_full_finetune_trains_every_parameter():
 
 
 @pytest.mark.parametrize('grad_path,layers', [
-    ('all', (0, 2)), ('numerator', (1,)),
-    pytest.param('all', (1,), marks=pytest.mark.slow),
-    pytest.param('numerator', (0, 2), marks=pytest.mark.slow)])
+    ('all', (1,)),
+    pytest.param('all', (0, 2), marks=pytest.mark.slow),
+    pytest.param('numerator', (0, 1, 2), marks=pytest.mark.slow)])
 def test_tail_path_equals_full_recompute_with_gradients(grad_path, layers):
   """Loss, CEU metrics and adapter gradients of the causal-tail path equal the engine's
   full recompute (record on D+, patch on D−) at the port of each layer, to 1e-5
-  (first, middle and last layer by default; the slow cases complete the grid)."""
+  (the middle layer of 3 by default: the tail runs through the later layers; the slow
+  cases complete the grid of layers and grad paths)."""
   lc = L.LoRAConfig(rank=4)
   base = _base()
   ad = _nonzero(L.init_adapters(jax.random.PRNGKey(1), TOY, lc))
