@@ -133,13 +133,14 @@ def test_full_finetune_trains_every_parameter():
 
 
 @pytest.mark.parametrize('grad_path,layers', [
-    ('all', (0, 2)), ('numerator', (1,)),
-    pytest.param('all', (1,), marks=pytest.mark.slow),
-    pytest.param('numerator', (0, 2), marks=pytest.mark.slow)])
+    ('all', (1,)),
+    pytest.param('all', (0, 2), marks=pytest.mark.slow),
+    pytest.param('numerator', (0, 1, 2), marks=pytest.mark.slow)])
 def test_tail_path_equals_full_recompute_with_gradients(grad_path, layers):
   """Loss, CEU metrics and adapter gradients of the causal-tail path equal the engine's
   full recompute (record on D+, patch on D−) at the port of each layer, to 1e-5
-  (first, middle and last layer by default; the slow cases complete the grid)."""
+  (the middle layer of 3 by default: the tail runs through the later layers; the slow
+  cases complete the grid of layers and grad paths)."""
   lc = L.LoRAConfig(rank=4)
   base = _base()
   ad = _nonzero(L.init_adapters(jax.random.PRNGKey(1), TOY, lc))
@@ -275,3 +276,16 @@ def test_configs_validate():
   c = smollm2_cer.get_config('cpu,regularizer=none,full=true,steps=20')
   assert (c.cer.regularizer, c.lora.full, c.train.num_steps) == ('none', True, 20)
   cer_task.validate(c)
+
+
+def test_state_digest_by_leaf_equals_the_whole_tree_digest():
+  """The checkpoint digest, now one compiled call per leaf shape (LoRA states have
+  ~1,300 leaves), equals the whole-tree jit it replaces (old checkpoints still verify)."""
+  from ceu_jax.train import checkpoint as ckpt
+  rng = np.random.default_rng(0)
+  tree = {'a': [rng.standard_normal((17, 5)).astype(np.float32) * 1e6 for _ in range(30)],
+          'b': rng.integers(0, 2**31 - 1, (7,)).astype(np.int32),
+          'c': jnp.asarray(3, jnp.int32), 'd': jnp.ones((4, 3), jnp.bfloat16) * 1.5}
+  want = np.asarray(ckpt._tree_digest(tree))
+  np.testing.assert_array_equal(ckpt._tree_digest_by_leaf(tree), want)
+  assert ckpt.state_digest(tree) == f'{int(want[0]):08x}{int(want[1]):08x}-33'

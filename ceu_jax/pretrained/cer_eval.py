@@ -142,7 +142,8 @@ def report(entries: list[tuple[str, str]], out_dir: str) -> str:
   head = '| run | n | ' + ' | '.join(TABLE_METRICS) + ' |'
   lines = [head, '|' + '---|' * (len(TABLE_METRICS) + 2)]
   for label, s in sums:
-    lines.append(f"| {label} (step {s.get('step')}) | {s['n']} | "
+    step = '' if s.get('step') is None else f" (step {s['step']})"
+    lines.append(f"| {label}{step} | {s['n']} | "
                  + ' | '.join(_cell(s[m]) for m in TABLE_METRICS) + ' |')
   table = '\n'.join(lines) + '\n'
   os.makedirs(out_dir, exist_ok=True)

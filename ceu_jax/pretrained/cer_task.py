@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
+import zlib
 from typing import Any, Optional, Sequence
 
 import jax
@@ -140,7 +141,7 @@ def short_context(rec: dict, passage: dict, n_distractors: int, seed: int) -> st
   sents = passage['sentences']
   ev = int(rec['sentence_index'])
   others = [i for i in range(len(sents)) if i != ev]
-  rng = np.random.default_rng([seed, audit_nq.zlib.crc32(rec['id'].encode())])
+  rng = np.random.default_rng([seed, zlib.crc32(rec["id"].encode())])
   pick = sorted([ev] + [others[i] for i in rng.permutation(len(others))[:n_distractors]])
   return ' '.join(sents[i] for i in pick)
 
