@@ -13,7 +13,10 @@ Aggregation uses the cells of the current config's grid; cells left under
 <workdir>/cells/ by an earlier config are named in a warning and left out of
 results.csv and report.md (`--include_other_cells` includes them, flagged).
 """
+import sys
+
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from ceu_jax import cli
@@ -33,9 +36,16 @@ _OTHER = flags.DEFINE_bool("include_other_cells", False, "Also aggregate finishe
 
 def main(argv):
   del argv
-  grid_main.run(_CONFIG.value, _WORKDIR.value, shard=_SHARD.value,
-                aggregate_only=_AGG.value, include_other_cells=_OTHER.value,
-                busy_wait_s=_BUSY_WAIT.value)
+  from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
+  try:
+    grid_main.run(_CONFIG.value, _WORKDIR.value, shard=_SHARD.value,
+                  aggregate_only=_AGG.value, include_other_cells=_OTHER.value,
+                  busy_wait_s=_BUSY_WAIT.value)
+  except loop.Preempted as e:   # SIGTERM/SIGINT during a cell: rerun to resume it
+    logging.warning("grid stopped: %s; rerun the same command to resume; exiting with "
+                    "code %d", e, loop.EXIT_PREEMPTED)
+    logging.flush()
+    sys.exit(loop.EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,27 @@ def test_shards_cover_the_grid_exactly_and_merge(tmp_path):
   assert len(csv_rows) == 12 and "model.family" in csv_rows[0]
 
 
+def test_a_preempted_cell_stops_the_grid_and_is_not_recorded_as_failed(tmp_path):
+  """SIGTERM during a cell's training (training raises Preempted after its
+  checkpoint): the grid stops at that cell, writes no error.json, and a rerun runs it."""
+  from ceu_jax.train import loop
+  c = base_config()
+  calls = []
+
+  def cell(config, d):
+    calls.append(config.model.family)
+    if len(calls) == 2:
+      raise loop.Preempted(7, 15)
+    return fake_cell(config, d)
+
+  with pytest.raises(loop.Preempted):
+    runner.run_grid(c, str(tmp_path), cell, log=lambda s: None)
+  results, failures = runner.load_results(str(tmp_path))
+  assert len(results) == 1 and failures == []
+  counts = runner.run_grid(c, str(tmp_path), cell, log=lambda s: None)
+  assert counts["done"] == 5 and counts["skipped"] == 1 and counts["failed"] == 0
+
+
 def test_bad_shard_spec():
   for spec in ("2/2", "x", "1/0", "-1/3"):
     with pytest.raises(ValueError, match="--shard"):

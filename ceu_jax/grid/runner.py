@@ -91,6 +91,13 @@ def _finished(workdir: str, cell: sweep_lib.Cell) -> bool:
   return os.path.exists(os.path.join(cell_dir(workdir, cell), "result.json"))
 
 
+def is_preemption(e: BaseException) -> bool:
+  """A cell stopped by SIGTERM/SIGINT (training's `Preempted`, raised after its
+  checkpoint): the grid stops too, and a rerun resumes the cell. Not a failure."""
+  from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
+  return isinstance(e, loop.Preempted)
+
+
 def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "0/1") -> str:
   """Run one cell unless finished; returns 'skipped', 'done', 'failed' or 'busy'.
   `shard` ('i/N') is recorded with the host and pid that ran the cell."""
@@ -108,6 +115,8 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "
       try:
         out = cell_fn(cell.config, d)
       except Exception as e:  # a failing cell is recorded; the grid goes on
+        if is_preemption(e):  # SIGTERM/SIGINT: the cell saved a checkpoint; stop the grid
+          raise
         io.write_json_atomic(os.path.join(d, "error.json"), _record(
             cell, "failed", error=f"{type(e).__name__}: {e}",
             traceback=traceback.format_exc(), time_wall_s=time.time() - start, **ran_by))
