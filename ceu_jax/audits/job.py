@@ -48,16 +48,7 @@ FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
 def _check_config(config, workdir: str) -> None:
-  stored = workdir_lib.read_config_json(workdir)
-  if stored is None:
-    return
-  diff = [d for d in workdir_lib.config_diff(stored, config)
-          if not any(d[0] == f or d[0].startswith(f + '.') for f in FREE_FIELDS)]
-  if diff:
-    raise workdir_lib.WorkdirConfigError(
-        f'{workdir} holds an answer-presence run of a different config: '
-        f'{workdir_lib.format_diff(diff)}. Use another --workdir (its finished chunks '
-        'belong to that config).', diff)
+  workdir_lib.refuse_other_job_config(config, workdir, 'an answer-presence', FREE_FIELDS)
 
 
 def audit_chunk(reader, medium, by_baseline: dict, *, loglik: bool,

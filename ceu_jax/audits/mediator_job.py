@@ -47,15 +47,7 @@ WORLDS = ('atr', 'oracle', 'smollm2')
 
 
 def _check_config(config, workdir: str) -> None:
-  stored = workdir_lib.read_config_json(workdir)
-  if stored is None:
-    return
-  diff = [d for d in workdir_lib.config_diff(stored, config)
-          if not any(d[0] == f or d[0].startswith(f + '.') for f in FREE_FIELDS)]
-  if diff:
-    raise workdir_lib.WorkdirConfigError(
-        f'{workdir} holds a mediator run of a different config: '
-        f'{workdir_lib.format_diff(diff)}. Use another --workdir.', diff)
+  workdir_lib.refuse_other_job_config(config, workdir, 'a mediator', FREE_FIELDS)
 
 
 def _validate(config) -> ChecklistTask:

@@ -105,15 +105,7 @@ def make_world(config):
 
 
 def _check_config(config, workdir: str) -> None:
-  stored = workdir_lib.read_config_json(workdir)
-  if stored is None:
-    return
-  diff = [d for d in workdir_lib.config_diff(stored, config)
-          if not any(d[0] == f or d[0].startswith(f + '.') for f in FREE_FIELDS)]
-  if diff:
-    raise workdir_lib.WorkdirConfigError(
-        f'{workdir} holds a trace-sensitivity run of a different config: '
-        f'{workdir_lib.format_diff(diff)}. Use another --workdir.', diff)
+  workdir_lib.refuse_other_job_config(config, workdir, 'a trace-sensitivity', FREE_FIELDS)
 
 
 def run_trace_sensitivity(config, workdir: str, log: Callable[[str], None] = print) -> dict:
