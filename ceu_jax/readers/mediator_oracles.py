@@ -96,8 +96,8 @@ def _with_errors(gold: tuple, id_: Hashable, p_error: float, p_swap: float, seed
 
 
 @dataclasses.dataclass
-class MediatorFollower(_MediatorOracle):
-  """Y = C of the M in its output (its own, or the forced one); tool arg = that M."""
+class _ErringOracle(_MediatorOracle):
+  """Its own M̂ is the gold M with seeded errors; subclasses define decision()."""
   task: Any  # the mediated task (module doc)
   tool: bool = False  # write TOOL + argument instead of the decision
   p_error: float = 0.0  # share of items whose own M̂ has one item flipped
@@ -107,6 +107,11 @@ class MediatorFollower(_MediatorOracle):
 
   def own_mediator(self, prompt, id_):
     return _with_errors(tuple(self.task.solve(prompt)), id_, self.p_error, self.p_swap, self.seed)
+
+
+@dataclasses.dataclass
+class MediatorFollower(_ErringOracle):
+  """Y = C of the M in its output (its own, or the forced one); tool arg = that M."""
 
   def decision(self, prompt, shown):
     if shown is None:
@@ -115,17 +120,8 @@ class MediatorFollower(_MediatorOracle):
 
 
 @dataclasses.dataclass
-class GoldComputer(_MediatorOracle):
+class GoldComputer(_ErringOracle):
   """Y = C(gold M from its input), ignoring the M it is shown; tool arg = gold M."""
-  task: Any  # the mediated task (module doc)
-  tool: bool = False  # write TOOL + argument instead of the decision
-  p_error: float = 0.0  # share of items whose own M̂ has one item flipped
-  p_swap: float = 0.0  # share of items whose own M̂ exchanges a 1 and a 0 item (same C)
-  seed: int = ERROR_SEED  # seed of those edits (with crc32(id))
-  miss_loglik: float = -30.0  # log-likelihood of any answer other than its own
-
-  def own_mediator(self, prompt, id_):
-    return _with_errors(tuple(self.task.solve(prompt)), id_, self.p_error, self.p_swap, self.seed)
 
   def decision(self, prompt, shown):
     gold = tuple(self.task.solve(prompt))
