@@ -288,7 +288,6 @@ class SmolLM2CERTask:
 
 def restore_trainable(task: SmolLM2CERTask, workdir: str) -> tuple[Any, int]:
   """(trained tree, step) of the newest valid checkpoint of `workdir` (read-only)."""
-  from ceu_jax.train import checkpoint as ckpt_lib
   from ceu_jax.train import loop
   from ceu_jax.train import sharding as sharding_lib
   from ceu_jax.train import state as state_lib
@@ -297,18 +296,7 @@ def restore_trainable(task: SmolLM2CERTask, workdir: str) -> tuple[Any, int]:
   tx = state_lib.make_optimizer(c.train)
   abstract, _ = sharding_lib.state_layout(loop._custom_init_fn(task, tx), jax.random.PRNGKey(0),
                                           mesh, sharding_lib.rules(c.sharding))
-  ckpt = ckpt_lib.Checkpointer(workdir, keep_latest=int(c.train.keep_latest),
-                               keep_best=int(c.train.keep_best),
-                               best_metric=str(c.eval.best_metric),
-                               best_mode=config_lib.BEST_METRICS[str(c.eval.best_metric)],
-                               read_only=True)
-  try:
-    restored = ckpt.restore(abstract)
-  finally:
-    ckpt.manager.close()
-  if restored is None:
-    raise ckpt_lib.CheckpointError(f'no checkpoint in {workdir}')
-  state, step, _ = restored
+  state, step, _ = loop.restore_read_only(c, workdir, abstract)
   return jax.device_get(state.params), int(step)
 
 

@@ -334,6 +334,23 @@ class LoadedCheckpoint:
   run: dict            # ceu_jax.workdir.run_info(workdir): status, num_steps, completed, warning
 
 
+def restore_read_only(config: Any, workdir: str, abstract: Any) -> tuple[Any, int, dict]:
+  """(state, step, meta) of the newest valid checkpoint of `workdir`, laid out as
+  `abstract`; read-only (nothing moved or pruned). CheckpointError if there is none."""
+  best_metric = str(config.eval.best_metric)
+  ckpt = ckpt_lib.Checkpointer(workdir, keep_latest=int(config.train.keep_latest),
+                               keep_best=int(config.train.keep_best), best_metric=best_metric,
+                               best_mode=config_lib.BEST_METRICS[best_metric], read_only=True)
+  try:
+    restored = ckpt.restore(abstract)
+  finally:
+    ckpt.manager.close()
+  if restored is None:
+    raise ckpt_lib.CheckpointError(f"no checkpoint in {workdir}")
+  state, step, meta = restored
+  return state, int(step), dict(meta)
+
+
 def load_checkpoint(config: Any, workdir: str, *, model: nn.Module | None = None
                     ) -> LoadedCheckpoint:
   """The newest valid checkpoint of `workdir` (a run of `config`), read-only.
@@ -355,17 +372,7 @@ def load_checkpoint(config: Any, workdir: str, *, model: nn.Module | None = None
   tx = state_lib.make_optimizer(config.train)
   init_fn = state_lib.boxed_init_fn(task.model, tx, task.dummy_inputs)
   abstract, _ = sharding_lib.state_layout(init_fn, jax.random.PRNGKey(0), mesh, rules)
-  best_metric = str(config.eval.best_metric)
-  ckpt = ckpt_lib.Checkpointer(workdir, keep_latest=int(config.train.keep_latest),
-                               keep_best=int(config.train.keep_best), best_metric=best_metric,
-                               best_mode=config_lib.BEST_METRICS[best_metric], read_only=True)
-  try:
-    restored = ckpt.restore(abstract)
-  finally:
-    ckpt.manager.close()
-  if restored is None:
-    raise ckpt_lib.CheckpointError(f"no checkpoint in {workdir}")
-  state, step, meta = restored
+  state, step, meta = restore_read_only(config, workdir, abstract)
   return LoadedCheckpoint(variables={"params": jax.device_get(state.params)}, step=int(step),
                           meta=dict(meta), run=workdir_lib.run_info(workdir))
 
