@@ -166,6 +166,9 @@ def _probes_and_correct(model, variables, clean: RetrievalBatch, corrupt: Retrie
   return probes, dis_found, correct
 
 
+_probes_and_correct_synced = placement.Synced(_probes_and_correct, "auditor.probes")
+
+
 class Auditor:
   """Scores an `AuditedModel` on fixed eval sets: CEU rows per corruption."""
 
@@ -191,7 +194,7 @@ class Auditor:
       clean = placement.place_batch(clean, bs, "clean")
       corrupt = placement.place_batch(corrupt, bs, "corrupt")
       variables = placement.place_variables(variables, bs)
-    probes, dis_found, correct = _probes_and_correct(
+    probes, dis_found, correct = _probes_and_correct_synced(
         b.model, variables, clean, corrupt, self.probe_key(corruption), len(adapter.PROBES),
         None if bs is None else placement.replicated(bs))
     res = engine.audit(b.loglik_fn, variables, clean=adapter.ModelInputs.of(clean),

@@ -35,6 +35,7 @@ from absl import logging
 from etils import epath
 
 from ceu_jax import workdir as workdir_lib
+from ceu_jax.engine import placement
 
 
 class CheckpointError(workdir_lib.WorkdirError):
@@ -74,7 +75,7 @@ def _weighted_sum(leaves: list, offset: jax.Array) -> jax.Array:
   return out
 
 
-_jit_chunk_digest = jax.jit(_weighted_sum)
+_jit_chunk_digest = placement.Synced(jax.jit(_weighted_sum), "checkpoint.digest")
 DIGEST_CHUNK = 64   # leaves per compiled call
 
 
