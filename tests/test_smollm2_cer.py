@@ -235,6 +235,43 @@ def test_misaligned_pair_from_text_is_refused_before_compiling():
     cer_task.batch_arrays(tok, [pairs[0], bad], config.data.max_len)
 
 
+@needs_model
+def test_distractor_injection_at_delta_test():
+  """δ = 0 gives the clean prompts; δ = 1 replaces every non-evidence sentence by another
+  item's evidence sentence without the gold (the evidence sentence stays); seeded, so
+  the same prompts whatever the pair order; a δ outside [0, 1] is refused."""
+  from ceu_jax.metrics.text import normalize_answer
+  from ceu_jax.pretrained import load_tokenizer
+  tok = load_tokenizer()
+  config = smollm2_cer.get_config('tiny')
+  config.data.eval_split = 'test'
+  pairs, _ = cer_task.build_pairs(tok, config, 'test', limit=12)
+  clean, n0 = cer_task.injected_prompts(config, pairs, 0.0)
+  assert clean == [p.clean_prompt for p in pairs] and n0 == [0] * len(pairs)
+  full, n1 = cer_task.injected_prompts(config, pairs, 1.0)
+  examples, passages = cer_task._storage()
+  by_id = {e['id']: e for e in examples}
+  for p, prompt, n in zip(pairs, full, n1):
+    rec = by_id[p.id]
+    sents = passages[rec['passage_id']]['sentences']
+    kept = cer_task._context_indices(rec, passages[rec['passage_id']],
+                                     int(config.data.n_distractor_sentences), 0)
+    assert n == len(kept) - 1
+    evidence = sents[int(rec['sentence_index'])]
+    assert evidence in prompt and prompt.endswith(p.clean_prompt[p.clean_prompt.index('\nQuestion'):])
+    context = prompt[len('Context: '):prompt.index('\nQuestion')]
+    rest = normalize_answer(context.replace(evidence, ' '))
+    assert normalize_answer(p.answer) not in rest, (p.id, context)
+  assert sum(n1) > 0 and full != clean
+  rev, _ = cer_task.injected_prompts(config, pairs[::-1], 1.0)
+  assert rev[::-1] == full
+  with pytest.raises(ValueError, match=r'eval.delta_test values must be in \[0, 1\]'):
+    cer_task.injected_prompts(config, pairs, 1.5)
+  config.eval.delta_test = (0.3, 2.0)
+  with pytest.raises(ValueError, match=r'eval.delta_test must be a tuple of distractor'):
+    cer_task.validate(config)
+
+
 @pytest.mark.parametrize('layer', [-1, 2, 30])
 def test_read_layer_outside_the_model_is_refused(layer):
   config = smollm2_cer.get_config('tiny')  # 2 layers kept

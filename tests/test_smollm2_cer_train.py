@@ -115,12 +115,18 @@ def test_held_out_evaluation_smoke(ref):
   with open(os.path.join(out, 'summary.json')) as f:
     s = json.load(f)
   assert (s['n'], s['step'], s['read_layer']) == (8, STEPS, 1)
-  rows = []
+  rows, robust = [], []
   for name in sorted(os.listdir(os.path.join(out, 'batches'))):
     with open(os.path.join(out, 'batches', name)) as f:
-      rows += json.load(f)
+      (robust if name.startswith('delta_0.9_') else rows).extend(json.load(f))
   at = [r for r in rows if r['layer'] == 1]
   assert len(at) == 8 and len(rows) == 16
+  # Robustness at δ_test = 0.9 (tiny): the same 8 items, EM by generation, counted injections.
+  assert sorted(r['id'] for r in robust) == sorted(r['id'] for r in at)
+  assert all(r['em'] == exact_match(r['prediction'], [r['answer']]) for r in robust)
+  d = s['delta_test']['0.9']
+  assert d['n'] == 8 and d['em']['value'] == np.mean([r['em'] for r in robust])
+  assert d['mean_injected'] == np.mean([r['n_injected'] for r in robust]) > 0
   assert all(r['em'] == exact_match(r['prediction'], [r['answer']]) for r in at)
   np.testing.assert_allclose(s['nll']['value'], -np.mean([r['L_plus'] for r in at]), rtol=1e-9)
   assert s['supported_0.5']['value'] <= s['em']['value']
@@ -130,4 +136,5 @@ def test_held_out_evaluation_smoke(ref):
   table = cer_eval.report([('tiny', os.path.join(out, 'summary.json'))],
                           str(ref['dir'] / 'report'))
   assert f"| tiny (step {STEPS}) | 8 | {s['em']['value']:.3f}" in table
+  assert 'em δ=0.9' in table
   assert os.path.exists(ref['dir'] / 'report' / 'layer_profiles.png')

@@ -10,7 +10,11 @@ SQuAD normalisation, `metrics.text`), NLL = −log p(y* | D+), and the engine's
 CEU of the ev / dis / control probes at every layer's read port (the fast
 causal audit, `audit_nq.audit_batch`, tested against the engine). Supported
 answer (SPEC §6) = EM correct AND CEU_ev ≥ τ (0.5) at the trained port
-`model.read_layer`. Every aggregate carries a bootstrap 95% CI and its n.
+`model.read_layer`. Robustness: EM / F1 by generation again with distractors
+injected at each δ of `eval.delta_test` (`cer_task.injected_prompts`: every
+non-evidence sentence of the short context replaced, with probability δ, by
+another item's evidence sentence). Every aggregate carries a bootstrap 95% CI
+and its n.
 
 Outputs in <workdir>/eval_{trained|base}/ (atomic writes; a rerun skips finished
 batches): batches/*.json, summary.json (metrics + per-layer profile), and
@@ -87,13 +91,53 @@ def evaluate(task, workdir: str, *, trained: bool = True) -> dict:
     rows += new
     el = time.time() - t0
     _log(f'batch {b + 1}/{n_batches}: {el:.0f}s elapsed')
+  robust = {}
+  for delta in tuple(c.eval.get('delta_test', ())):
+    if reader is None:
+      reader = SmolLM2Reader(variables, task.model_config, task.tokenizer)
+    robust[f'{float(delta):g}'] = _robustness(reader, task, pairs, float(delta), out_dir, t0)
   summary = summarize(rows, task.model_config.n_layers, c)
+  summary['delta_test'] = {d: _robust_summary(r, c) for d, r in robust.items()}
   summary.update(step=step, trained=trained, pairs=report, wall_s=time.time() - t0,
                  read_layer=int(c.model.read_layer))
   io.write_json_atomic(os.path.join(out_dir, 'summary.json'), summary)
   audit_nq.plot_profile(summary['profile'], audit_nq.SPAN_PROBES,
                         os.path.join(out_dir, 'plots', 'layer_profile'))
   return summary
+
+
+def _robustness(reader, task, pairs, delta: float, out_dir: str, t0: float) -> list[dict]:
+  """EM / F1 by generation with distractors injected at strength δ (`cer_task.injected_prompts`);
+  resumable per batch like the main rows (batches/delta_<δ>_<b>.json)."""
+  from ceu_jax.pretrained import cer_task
+  c = task.config
+  prompts, counts = cer_task.injected_prompts(c, pairs, delta)
+  bs, rows = int(c.eval.batch_size), []
+  n_batches = (len(pairs) + bs - 1) // bs
+  for b in range(n_batches):
+    path = os.path.join(out_dir, 'batches', f'delta_{delta:g}_{b:05d}.json')
+    if os.path.exists(path):
+      rows += io.read_json(path)
+      continue
+    lo, hi = b * bs, (b + 1) * bs
+    gens = reader.generate(prompts[lo:hi], max_new_tokens=int(c.eval.max_new_tokens),
+                           stop=['\n'], ids=[p.id for p in pairs[lo:hi]])
+    new = []
+    for p, g, n in zip(pairs[lo:hi], gens, counts[lo:hi]):
+      pred = g.text.strip()
+      new.append(dict(id=p.id, answer=p.answer, prediction=pred, n_injected=int(n),
+                      em=exact_match(pred, [p.answer]), f1=token_f1(pred, [p.answer])))
+    io.write_json_atomic(path, new)
+    rows += new
+    _log(f'delta_test {delta:g} batch {b + 1}/{n_batches}: {time.time() - t0:.0f}s elapsed')
+  return rows
+
+
+def _robust_summary(rows: list[dict], config: Any) -> dict:
+  agg = lambda x: mean_ci(np.asarray(x, np.float64), num_resamples=int(config.eval.num_resamples),
+                          seed=int(config.seed)).to_dict()
+  return {'n': len(rows), 'em': agg([r['em'] for r in rows]), 'f1': agg([r['f1'] for r in rows]),
+          'mean_injected': float(np.mean([r['n_injected'] for r in rows])) if rows else 0.0}
 
 
 def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
@@ -145,6 +189,17 @@ def report(entries: list[tuple[str, str]], out_dir: str) -> str:
     step = '' if s.get('step') is None else f" (step {s['step']})"
     lines.append(f"| {label}{step} | {s['n']} | "
                  + ' | '.join(_cell(s[m]) for m in TABLE_METRICS) + ' |')
+  deltas = sorted({d for _, s in sums for d in s.get('delta_test', {})}, key=float)
+  if deltas:   # robustness: EM / F1 by generation under distractor injection at δ_test
+    lines += ['', '| run | clean em | clean f1 | '
+              + ' | '.join(f'em δ={d} | f1 δ={d}' for d in deltas) + ' |',
+              '|' + '---|' * (3 + 2 * len(deltas))]
+    for label, s in sums:
+      cells = [_cell(s['em']), _cell(s['f1'])]
+      for d in deltas:
+        r = s.get('delta_test', {}).get(d)
+        cells += [_cell(r['em']), _cell(r['f1'])] if r else ['n/a', 'n/a']
+      lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
   table = '\n'.join(lines) + '\n'
   os.makedirs(out_dir, exist_ok=True)
   io.write_text_atomic(os.path.join(out_dir, 'table.md'), table)

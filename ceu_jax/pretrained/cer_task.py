@@ -68,7 +68,10 @@ LORA_FIELDS = {
 }
 EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, True),
                'best_metric': fields.one_of(*config_lib.BEST_METRICS),
-               'num_resamples': fields.ge(0, True), 'max_new_tokens': fields.ge(1, True)}
+               'num_resamples': fields.ge(0, True), 'max_new_tokens': fields.ge(1, True),
+               'delta_test': lambda x: None if isinstance(x, (tuple, list)) and all(
+                   fields.is_num(d) and 0.0 <= float(d) <= 1.0 for d in x) else
+               'must be a tuple of distractor strengths in [0, 1] (may be empty)'}
 
 
 def model_layers(config: Any) -> int:
@@ -136,14 +139,67 @@ def _storage() -> tuple[tuple[dict, ...], dict]:
   return tuple(storage.read_examples()), storage.read_passages()
 
 
+def _context_indices(rec: dict, passage: dict, n_distractors: int, seed: int) -> list[int]:
+  """The sentence indices of `short_context`, in passage order."""
+  ev = int(rec['sentence_index'])
+  others = [i for i in range(len(passage['sentences'])) if i != ev]
+  rng = np.random.default_rng([seed, zlib.crc32(rec["id"].encode())])
+  return sorted([ev] + [others[i] for i in rng.permutation(len(others))[:n_distractors]])
+
+
 def short_context(rec: dict, passage: dict, n_distractors: int, seed: int) -> str:
   """The evidence sentence plus up to n other sentences of the passage, in order."""
   sents = passage['sentences']
-  ev = int(rec['sentence_index'])
-  others = [i for i in range(len(sents)) if i != ev]
-  rng = np.random.default_rng([seed, zlib.crc32(rec["id"].encode())])
-  pick = sorted([ev] + [others[i] for i in rng.permutation(len(others))[:n_distractors]])
-  return ' '.join(sents[i] for i in pick)
+  return ' '.join(sents[i] for i in _context_indices(rec, passage, n_distractors, seed))
+
+
+def injected_prompts(config: Any, pairs: Sequence[audit_nq.Pair], delta: float
+                     ) -> tuple[list[str], list[int]]:
+  """Clean prompts of `pairs` with distractor injection at strength δ (robustness, δ_test).
+
+  In each item's short context every sentence other than the evidence sentence is,
+  with probability δ (seeded by (seed, δ, item id)), replaced by a distractor: the
+  evidence sentence of another item of the split (another passage, a sentence that
+  does not contain this item's answer after SQuAD normalisation), so the context
+  holds more answer-shaped statements about other questions while the evidence stays.
+  Returns (prompts, distractors injected per item).
+  """
+  from ceu_jax.metrics.text import normalize_answer
+  from ceu_jax.pretrained.tokenizer import format_prompt
+  if not 0.0 <= float(delta) <= 1.0:
+    raise ValueError(f'eval.delta_test values must be in [0, 1], got {delta!r}')
+  d, seed = config.data, int(config.seed)
+  examples, passages = _storage()
+  by_id = {e['id']: e for e in examples}
+  split = [e for e in examples if e['source'] == 'nq' and e['split'] == d.eval_split]
+  pool = sorted(((e['id'], e['passage_id'],
+                  passages[e['passage_id']]['sentences'][int(e['sentence_index'])])
+                 for e in split), key=lambda t: t[0])
+  prompts, counts = [], []
+  for pair in pairs:
+    rec = by_id[pair.id]
+    passage = passages[rec['passage_id']]
+    sents = passage['sentences']
+    ev = int(rec['sentence_index'])
+    gold = normalize_answer(rec['answer'])
+    rng = np.random.default_rng([seed, int(round(float(delta) * 1000)),
+                                 zlib.crc32(rec['id'].encode())])
+    out, n = [], 0
+    for i in _context_indices(rec, passage, int(d.n_distractor_sentences), seed):
+      if i == ev or rng.random() >= float(delta):
+        out.append(sents[i])
+        continue
+      for j in rng.permutation(len(pool)):
+        _, pid, text = pool[j]
+        if pid != rec['passage_id'] and gold not in normalize_answer(text):
+          out.append(text)
+          n += 1
+          break
+      else:
+        out.append(sents[i])
+    prompts.append(format_prompt(' '.join(out), rec['question']))
+    counts.append(n)
+  return prompts, counts
 
 
 def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None
