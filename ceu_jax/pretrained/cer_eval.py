@@ -65,37 +65,39 @@ def evaluate(task, workdir: str, *, trained: bool = True) -> dict:
     _log(f'only {len(pairs)} aligned held-out pairs (asked {c.eval.num_examples}): {report}')
   bs, n_tail, pad_to = int(c.eval.batch_size), int(c.data.max_answer_tokens), int(c.data.max_len)
   eps = float(c.cer.eps)
-  reader = None
-  rows: list[dict] = []
-  n_batches = (len(pairs) + bs - 1) // bs
-  for b in range(n_batches):
-    path = os.path.join(out_dir, 'batches', f'{b:05d}.json')
-    if os.path.exists(path):
-      rows += io.read_json(path)
-      continue
+  reader = []   # the SmolLM2Reader, built on first use (a resumed run may not need it)
+
+  def answers(ps, prompts) -> list[dict]:
+    """Greedy answers to `prompts` scored against the pairs' golds (EM, token F1)."""
+    if not reader:
+      reader.append(SmolLM2Reader(variables, task.model_config, task.tokenizer))
+    gens = reader[0].generate(prompts, max_new_tokens=int(c.eval.max_new_tokens), stop=['\n'],
+                              ids=[p.id for p in ps])
+    return [dict(prediction=g.text.strip(), em=exact_match(g.text.strip(), [p.answer]),
+                 f1=token_f1(g.text.strip(), [p.answer])) for p, g in zip(ps, gens)]
+
+  def audited(b: int) -> list[dict]:
     ps = pairs[b * bs:(b + 1) * bs]
     arrays = audit_nq.batch_arrays(task.tokenizer, ps, bs, pad_to)
     prof = audit_nq.audit_batch(variables, task.model_config, arrays, n_tail,
                                 audit_nq.SPAN_PROBES, eps)
     new = audit_nq.batch_rows(ps, prof, audit_nq.SPAN_PROBES)
-    if reader is None:
-      reader = SmolLM2Reader(variables, task.model_config, task.tokenizer)
-    gens = reader.generate([p.clean_prompt for p in ps], max_new_tokens=int(c.eval.max_new_tokens),
-                           stop=['\n'], ids=[p.id for p in ps])
-    pred = {p.id: g.text.strip() for p, g in zip(ps, gens)}
-    for r in new:
-      r['prediction'] = pred[r['id']]
-      r['em'] = exact_match(pred[r['id']], [r['answer']])
-      r['f1'] = token_f1(pred[r['id']], [r['answer']])
-    io.write_json_atomic(path, new)
-    rows += new
-    el = time.time() - t0
-    _log(f'batch {b + 1}/{n_batches}: {el:.0f}s elapsed')
+    by_id = {p.id: a for p, a in zip(ps, answers(ps, [p.clean_prompt for p in ps]))}
+    return [{**r, **by_id[r['id']]} for r in new]
+
+  n_batches = (len(pairs) + bs - 1) // bs
+  rows = _resumable(out_dir, '', n_batches, audited, t0)
   robust = {}
   for delta in tuple(c.eval.get('delta_test', ())):
-    if reader is None:
-      reader = SmolLM2Reader(variables, task.model_config, task.tokenizer)
-    robust[f'{float(delta):g}'] = _robustness(reader, task, pairs, float(delta), out_dir, t0)
+    # Robustness: the same items with distractors injected at strength δ.
+    prompts, counts = cer_task.injected_prompts(c, pairs, float(delta))
+
+    def injected(b: int, prompts=prompts, counts=counts) -> list[dict]:
+      lo, hi = b * bs, (b + 1) * bs
+      return [dict(id=p.id, answer=p.answer, n_injected=int(n), **a) for p, n, a in
+              zip(pairs[lo:hi], counts[lo:hi], answers(pairs[lo:hi], prompts[lo:hi]))]
+    robust[f'{float(delta):g}'] = _resumable(out_dir, f'delta_{float(delta):g}_', n_batches,
+                                             injected, t0)
   summary = summarize(rows, task.model_config.n_layers, c)
   summary['delta_test'] = {d: _robust_summary(r, c) for d, r in robust.items()}
   summary.update(step=step, trained=trained, pairs=report, wall_s=time.time() - t0,
@@ -106,36 +108,30 @@ def evaluate(task, workdir: str, *, trained: bool = True) -> dict:
   return summary
 
 
-def _robustness(reader, task, pairs, delta: float, out_dir: str, t0: float) -> list[dict]:
-  """EM / F1 by generation with distractors injected at strength δ (`cer_task.injected_prompts`);
-  resumable per batch like the main rows (batches/delta_<δ>_<b>.json)."""
-  from ceu_jax.pretrained import cer_task
-  c = task.config
-  prompts, counts = cer_task.injected_prompts(c, pairs, delta)
-  bs, rows = int(c.eval.batch_size), []
-  n_batches = (len(pairs) + bs - 1) // bs
+def _resumable(out_dir: str, prefix: str, n_batches: int, compute, t0: float) -> list[dict]:
+  """Rows of every batch: batches/<prefix><b>.json where a run already wrote it, else
+  `compute(b)`, written atomically (an interrupted evaluation resumes per batch)."""
+  rows: list[dict] = []
   for b in range(n_batches):
-    path = os.path.join(out_dir, 'batches', f'delta_{delta:g}_{b:05d}.json')
+    path = os.path.join(out_dir, 'batches', f'{prefix}{b:05d}.json')
     if os.path.exists(path):
       rows += io.read_json(path)
       continue
-    lo, hi = b * bs, (b + 1) * bs
-    gens = reader.generate(prompts[lo:hi], max_new_tokens=int(c.eval.max_new_tokens),
-                           stop=['\n'], ids=[p.id for p in pairs[lo:hi]])
-    new = []
-    for p, g, n in zip(pairs[lo:hi], gens, counts[lo:hi]):
-      pred = g.text.strip()
-      new.append(dict(id=p.id, answer=p.answer, prediction=pred, n_injected=int(n),
-                      em=exact_match(pred, [p.answer]), f1=token_f1(pred, [p.answer])))
+    new = compute(b)
     io.write_json_atomic(path, new)
     rows += new
-    _log(f'delta_test {delta:g} batch {b + 1}/{n_batches}: {time.time() - t0:.0f}s elapsed')
+    _log(f'{prefix}batch {b + 1}/{n_batches}: {time.time() - t0:.0f}s elapsed')
   return rows
 
 
+def _agg(x, config: Any) -> dict:
+  """Mean with its bootstrap 95% CI and n."""
+  return mean_ci(np.asarray(x, np.float64), num_resamples=int(config.eval.num_resamples),
+                 seed=int(config.seed)).to_dict()
+
+
 def _robust_summary(rows: list[dict], config: Any) -> dict:
-  agg = lambda x: mean_ci(np.asarray(x, np.float64), num_resamples=int(config.eval.num_resamples),
-                          seed=int(config.seed)).to_dict()
+  agg = lambda x: _agg(x, config)
   return {'n': len(rows), 'em': agg([r['em'] for r in rows]), 'f1': agg([r['f1'] for r in rows]),
           'mean_injected': float(np.mean([r['n_injected'] for r in rows])) if rows else 0.0}
 
@@ -144,8 +140,7 @@ def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
   """Headline metrics with 95% CIs at the trained port, and the per-layer profile."""
   cfg = types.SimpleNamespace(num_resamples=int(config.eval.num_resamples),
                               seed=int(config.seed), eps=float(config.cer.eps))
-  agg = lambda x: mean_ci(np.asarray(x, np.float64), num_resamples=cfg.num_resamples,
-                          seed=cfg.seed).to_dict()
+  agg = lambda x: _agg(x, config)
   layer = int(config.model.read_layer)
   at = [r for r in rows if r['layer'] == layer]
   ceu = lambda name: [r[f'ceu_{name}'] for r in at if r[f'ceu_{name}'] is not None]
