@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 import architectures
-from ceu_jax import engine, metrics, progress
+from ceu_jax import engine, metrics, multihost, progress
 from ceu_jax.engine import placement
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.data import evalsets, tasks
@@ -166,7 +166,9 @@ def _probes_and_correct(model, variables, clean: RetrievalBatch, corrupt: Retrie
   return probes, dis_found, correct
 
 
-_probes_and_correct_synced = placement.Synced(_probes_and_correct, "auditor.probes")
+# Several processes start these programs together (ceu_jax.multihost).
+_probes_and_correct_synced = multihost.Synced(_probes_and_correct, "auditor.probes")
+_audit_synced = multihost.Synced(engine.audit, "engine.audit", lower=engine.audit_lowered)
 
 
 class Auditor:
@@ -197,7 +199,7 @@ class Auditor:
     probes, dis_found, correct = _probes_and_correct_synced(
         b.model, variables, clean, corrupt, self.probe_key(corruption), len(adapter.PROBES),
         None if bs is None else placement.replicated(bs))
-    res = engine.audit(b.loglik_fn, variables, clean=adapter.ModelInputs.of(clean),
+    res = _audit_synced(b.loglik_fn, variables, clean=adapter.ModelInputs.of(clean),
                        corrupt=adapter.ModelInputs.of(corrupt), site=b.site, probes=probes,
                        chunk_size=s.chunk_size, eps=s.eps, allow_approximate=b.approximate,
                        batch_sharding=bs)

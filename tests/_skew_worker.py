@@ -4,7 +4,7 @@ Joins a two-process cluster (4 fake CPU devices each), builds a global [8, 4]
 array split over all 8 devices, then process 1 sleeps SKEW seconds — standing in
 for a slow compile on a loaded machine — before both call a jitted global sum
 (its CPU collective is gloo's first contact, which waits only 30 s for a peer).
-Mode `synced` calls it through `ceu_jax.engine.placement.Synced`; `plain` calls
+Mode `synced` calls it through `ceu_jax.multihost.Synced`; `plain` calls
 the jitted function directly. Prints `result <value>` on success.
 
   python tests/_skew_worker.py MODE SKEW --coordinator_address=H:P --num_processes=2 --process_id=I
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from ceu_jax.engine import placement  # pylint: disable=g-import-not-at-top
+  from ceu_jax import multihost  # pylint: disable=g-import-not-at-top
   from ceu_jax.train import cluster  # pylint: disable=g-import-not-at-top
   pid = int(flags["process_id"])
   cluster.join(cluster.Cluster(coordinator_address=flags["coordinator_address"],
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
   x = jax.make_array_from_callback(host.shape, NamedSharding(mesh, P("d")),
                                    lambda idx: host[idx])
   total = jax.jit(lambda a: (a * 2).sum(), out_shardings=NamedSharding(mesh, P()))
-  fn = placement.Synced(total, "skew test") if mode == "synced" else total
+  fn = multihost.Synced(total, "skew test") if mode == "synced" else total
   if pid == 1:
     time.sleep(skew)
   print("result", float(fn(x)), flush=True)

@@ -157,7 +157,7 @@ def test_synced_survives_a_peer_arriving_after_gloos_30_s_first_contact(tmp_path
   """A process 45 s late to the first collective of a program (a slow compile under load)
   aborts a plain jitted call: gloo's first contact waits 30 s for a peer ('Gloo context
   initialization failed: ... GetKeyValue() timed out'), as seen in CI under load. Through
-  `placement.Synced` (compile ahead, then a coordination-service barrier) both finish."""
+  `multihost.Synced` (compile ahead, then a coordination-service barrier) both finish."""
   argv = [os.path.join("tests", "_skew_worker.py")]
   want = float(2 * np.arange(32).sum())
   plain = launch(argv + ["plain", "45"], str(tmp_path), tag="plain", timeout=300)
@@ -172,11 +172,11 @@ def test_synced_survives_a_peer_arriving_after_gloos_30_s_first_contact(tmp_path
 def test_synced_is_a_plain_call_in_one_process(monkeypatch):
   """One process: no ahead-of-time compile, no barrier; the jit's own cache as before."""
   import jax  # pylint: disable=g-import-not-at-top
-  from ceu_jax.engine import placement  # pylint: disable=g-import-not-at-top
+  from ceu_jax import multihost  # pylint: disable=g-import-not-at-top
   met = []
-  monkeypatch.setattr(placement, "meet", lambda name, *a, **k: met.append(name))
+  monkeypatch.setattr(multihost, "meet", lambda name, *a, **k: met.append(name))
   fn = jax.jit(lambda a: a * 3)
-  synced = placement.Synced(fn, "unit")
+  synced = multihost.Synced(fn, "unit")
   np.testing.assert_array_equal(synced(np.arange(4.0)), np.arange(4.0) * 3)
   assert met == [] and fn._cache_size() == 1
   assert synced.lower(np.arange(4.0)).compile()(np.arange(4.0)).shape == (4,)

@@ -297,9 +297,6 @@ def _audit_jit(loglik_fn, site, variables, clean, corrupt, probes, eps, *,
   return out
 
 
-_audit_synced = placement.Synced(_audit_jit, "engine.audit")   # processes start it together
-
-
 def audit(loglik_fn: LoglikFn, variables: Any, *, clean: Any, corrupt: Any,
           site: Site, probes: Optional[Probes] = None,
           chunk_size: ChunkSize = AUTO, eps: float = scores.DEFAULT_EPS,
@@ -333,7 +330,7 @@ def audit(loglik_fn: LoglikFn, variables: Any, *, clean: Any, corrupt: Any,
   args, kwargs = _audit_args(loglik_fn, variables, clean, corrupt, site,
                              probes, eps, chunk_size, allow_approximate, hoist,
                              paired, per_token, batch_sharding)
-  return _audit_synced(*args, **kwargs)
+  return _audit_jit(*args, **kwargs)
 
 
 def audit_lowered(loglik_fn: LoglikFn, variables: Any, *, clean: Any,

@@ -35,7 +35,7 @@ from absl import logging
 from etils import epath
 
 from ceu_jax import workdir as workdir_lib
-from ceu_jax.engine import placement
+from ceu_jax import multihost
 
 
 class CheckpointError(workdir_lib.WorkdirError):
@@ -75,7 +75,7 @@ def _weighted_sum(leaves: list, offset: jax.Array) -> jax.Array:
   return out
 
 
-_jit_chunk_digest = placement.Synced(jax.jit(_weighted_sum), "checkpoint.digest")
+_jit_chunk_digest = multihost.Synced(jax.jit(_weighted_sum), "checkpoint.digest")
 DIGEST_CHUNK = 64   # leaves per compiled call
 
 

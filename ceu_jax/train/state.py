@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ceu_jax.engine import placement
+from ceu_jax import multihost
 from ceu_jax.engine.sites import Site
 from ceu_jax.data.types import RetrievalBatch
 from ceu_jax.train import losses
@@ -122,7 +122,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, site: Si
   if state_shardings is not None:
     kwargs = dict(in_shardings=(state_shardings, batch_sharding, None) + extra,
                   out_shardings=(state_shardings, None))
-  step = placement.Synced(jax.jit(train_step, donate_argnums=(0,), **kwargs), "train_step")
+  step = multihost.Synced(jax.jit(train_step, donate_argnums=(0,), **kwargs), "train_step")
   if loss_fn is None:
     return step
   return lambda state, batch, rng: step(state, batch, rng, frozen)
