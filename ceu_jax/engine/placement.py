@@ -116,4 +116,3 @@ def place_variables(variables: Any, sharding: NamedSharding) -> Any:
       return x
     return _put(x, rep)
   return jax.tree.map(put, variables)
-
