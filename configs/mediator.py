@@ -48,22 +48,8 @@ def data_section(regime: str = 'plain', tool: bool = False) -> ml_collections.Co
 
 def train_config(family: str, regime: str, tool: bool, tiny: bool, steps=None):
   """Training config of one reader: the smoke grid's baseline cell on the checklist world."""
-  from configs import smoke
-  c = smoke.get_config('tiny' if tiny else None)
-  del c['grid'], c['sweep']            # one cell, not a grid
-  c.data = data_section(regime, tool)
-  c.model.family = family
-  c.cer.regularizer = 'none'           # plain task loss (the regimes differ in their answers)
-  c.cer.lambda_ev = 0.0
-  c.cer.corruption = 'value_swap'      # the only checklist corruption (evaluation D−)
-  c.eval.corruptions = ('value_swap',)
-  c.train.num_steps = steps or (30 if tiny else 1500)
-  c.train.warmup_steps = min(c.train.warmup_steps, c.train.num_steps)
-  c.train.eval_every = c.train.num_steps
-  c.train.checkpoint_every = min(c.train.checkpoint_every, c.train.num_steps)
-  if tiny:
-    c.eval.num_examples = c.eval.batch_size = 16
-  return c
+  return common.audit_reader_config(data_section(regime, tool), family, tiny,
+                                    steps or (30 if tiny else 1500))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

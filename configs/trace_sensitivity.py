@@ -1,15 +1,22 @@
 """Causal sensitivity of reasoning traces (SPEC §8.2, issue #17).
 
 World A — chained ATR with exact ground truth, read by the trace oracles
-(following / ignoring / seeded mixture):
+(following / ignoring / seeded mixture) and by the three families trained to
+write the trace then the answer in three regimes — plain; prior (half of the
+(query ID, last KEY) pairs have a memorisable value); bypass (the retrieved
+tokens also enter the reader by early fusion) — each trained here in
+W/train/<family>_<regime> unless done, with the §8.4 answer-position probe:
   python -m experiments.trace_sensitivity --config configs/trace_sensitivity.py --workdir runs/traces_chain
 World B — SmolLM2-135M-Instruct with few-shot "Step i:" traces on templated
 arithmetic and on factual questions with their gold passage (shipped NQ data):
   python -m experiments.trace_sensitivity --config configs/trace_sensitivity.py:full,world=smollm2 --workdir runs/traces_smollm2
-Tiny (the CI tests run these): `:tiny` (World A, 40 items) and
+Tiny (the CI tests run these): `:tiny` (World A oracles, 40 items),
+`:tiny,readers=trained` (attention / plain trained 30 steps) and
 `:tiny,world=smollm2` (the whole model, 1 item per domain, interventions at k = 1
 only, 64-token budget; about 1 min on a loaded 2-core machine).
-Arguments after the variant: world (chain | smollm2), n_items (per domain), seed.
+Arguments after the variant: world (chain | smollm2), n_items (per domain), seed;
+World A: readers (oracles | trained | both; full default both, tiny oracles),
+families and regimes ('+'-joined, e.g. attention+ssm, plain+prior), steps.
 """
 from __future__ import annotations
 
@@ -20,11 +27,43 @@ from configs import common
 VARIANTS = ('tiny', 'full')
 WORLDS = ('chain', 'smollm2')
 TAUS = ('identity', 'logic_flip', 'fact_reversal', 'premise_negation', 'causal_inversion')
+ORACLES = ('following', 'ignoring', 'mixture')
+FAMILIES = ('attention', 'ssm', 'memory_port')
+REGIMES = ('plain', 'prior', 'bypass')
+PRIOR_SHARE = 0.5  # share of (query ID, last KEY) pairs with a fixed value (prior regime, audit items)
+
+
+def data_section(prior_share: float = PRIOR_SHARE) -> ml_collections.ConfigDict:
+  """The chain world (ceu_jax.data.chain.ChainConfig documents every field)."""
+  d = ml_collections.ConfigDict()
+  d.task = 'atr_chain'                 # ceu_jax.data.tasks name
+  d.hops = (2, 3, 4)                   # chain lengths h (trace length h − 1)
+  d.n_lines = 16                       # line slots per context (112 tokens)
+  d.n_same_id = 2                      # "same ID, other KEY" hard-negative lines
+  d.num_passages = 4                   # passages of 4 lines (the memory port's layout)
+  d.n_ids = 40                         # a small world: learns in minutes on CPU
+  d.n_keys = 8                         # (>= 4 hops + 2 off-chain keys + 1)
+  d.n_values = 16
+  d.n_filler = 8                       # unused by chains (layout of the vocabulary only)
+  d.prior_share = prior_share          # memorisable prior: share of (x_0, k_h) pairs with a fixed value
+  d.world_seed = 0                     # the prior table's seed (train and test share it)
+  d.answer_slots = 0                   # 0: 2 × (max hop + 1) answer slots
+  return d
+
+
+def train_config(family: str, regime: str, tiny: bool, steps=None) -> ml_collections.ConfigDict:
+  """Training config of one chain reader (the smoke grid's baseline cell on the chain world)."""
+  data = data_section(PRIOR_SHARE if regime == 'prior' else 0.0)
+  return common.audit_reader_config(data, family, tiny, steps or (30 if tiny else 1500),
+                                    bypass=regime == 'bypass')
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = common.parse_arg(arg, variant='full', world=common.Opt(str, choices=WORLDS),
-                       n_items=common.Opt(int, 1), seed=common.Opt(int, 0))
+                       n_items=common.Opt(int, 1), seed=common.Opt(int, 0),
+                       readers=common.Opt(str, choices=('oracles', 'trained', 'both')),
+                       families=common.Opt(str), regimes=common.Opt(str),
+                       steps=common.Opt(int, 1))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   tiny = a.variant == 'tiny'
@@ -44,12 +83,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.plots = True                       # write rho_by_length.png/pdf
 
   c.chain = x = ml_collections.ConfigDict()  # World A
-  x.hops = (2, 3, 4)                   # chain lengths h (trace length h − 1)
-  x.n_lines = 16                       # line slots per context
-  x.n_same_id = 2                      # "same ID, other KEY" hard-negative lines
-  x.readers = ('following', 'ignoring', 'mixture')  # trace oracles audited
+  which = a.readers or ('oracles' if tiny else 'both')
+  fams = tuple(a.families.split('+')) if a.families else (('attention',) if tiny else FAMILIES)
+  regs = tuple(a.regimes.split('+')) if a.regimes else (('plain',) if tiny else REGIMES)
+  for name, vals, allowed in (('families', fams, FAMILIES), ('regimes', regs, REGIMES)):
+    bad = [v for v in vals if v not in allowed]
+    if bad:
+      raise ValueError(f'{name} must be a +-joined subset of {allowed}, got {bad[0]!r}')
+  x.readers = ORACLES if which != 'trained' else ()  # trace oracles audited
+  x.families = fams if which != 'oracles' else ()  # trained readers: these families ×
+  x.regimes = regs if which != 'oracles' else ()   # these regimes (plain | prior | bypass)
+  x.steps = a.steps or (30 if tiny else 1500)      # training steps of every trained reader
+  x.batch_size = 256                   # reader rows per forward (trained readers)
+  x.probe_items = 64 if tiny else 500  # §8.4 answer-position probe items per trained reader (0: off)
   x.mixture_share = 0.5                # mixture oracle: share of items whose answer follows the trace
   x.mixture_seed = 0                   # mixture oracle: seed of the per-item draw
+  x.data = data_section()              # the audited world (prior_share: the 'chain_prior' items);
+                                       # training: train_config() per regime
 
   c.smollm2 = s = ml_collections.ConfigDict()  # World B
   s.domains = ('arithmetic', 'factual')  # item domains

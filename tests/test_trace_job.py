@@ -88,3 +88,31 @@ def test_trace_modules_never_import_architectures():
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
   assert out.stdout.strip() == '[]'
+
+
+def test_tiny_trained_reader_and_answer_probe(tmp_path):
+  """World A with a trained reader (2 steps: plumbing): trained in W/train, audited (its
+  unparseable outputs counted), the §8.4 answer probe per chain length, the overview;
+  a rerun reuses the trained reader and the probe."""
+  w = str(tmp_path / 'w')
+  c = cfgs.get_config('tiny,readers=both,steps=2,n_items=8')
+  logs = []
+  s = trace_job.run_trace_sensitivity(c, w, log=logs.append)
+  assert any(x.startswith('training attention (2 steps)') for x in logs)
+  assert set(s['readers']) == {'following', 'ignoring', 'mixture', 'attention/plain'}
+  t = s['readers']['attention/plain']
+  parsed = sum(g['n'] for g in s['reader_stats'].get('attention/plain', {}).values())
+  assert t['n_parse_failure'] + parsed == 8
+  for g in ('chain', 'chain_prior'):  # the oracles follow / ignore on both groups
+    assert s['readers']['following']['by_domain'][g]['rho']['value'] == 0.0
+    assert s['readers']['ignoring']['by_domain'][g]['rho']['value'] == 1.0
+    assert s['reader_stats']['following'][g]['own_trace'] == s['reader_stats']['following'][g]['n']
+  p = s['probes']['attention/plain']
+  assert p['n'] == 8 and sum(x['n'] for x in p['by_hops'].values()) == 8
+  assert set(p['by_hops']) <= {'2', '3', '4'} and p['delta_L']['value'] is not None
+  report = open(os.path.join(w, 'report.md')).read()
+  assert '## Overview (World A)' in report and 'answer-position probe' in report
+  logs.clear()
+  s2 = trace_job.run_trace_sensitivity(c, w, log=logs.append)
+  assert not any(x.startswith('training') for x in logs)
+  assert s2['probes'] == s['probes'] and s2['readers'] == s['readers']

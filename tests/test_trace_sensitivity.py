@@ -38,7 +38,7 @@ class Scripted(base.Reader):
   """Outputs fixed tokens: `plain(item)` for generation, `cont(item, forced)` after a prefix."""
 
   def __init__(self, items, plain, cont):
-    self.items = {x.prompt: x for x in items}
+    self.items = {DOMAIN.prompt(x): x for x in items}
     self.plain, self.cont = plain, cont
 
   def _generate(self, prompts, forced, budget, stops, ids):

@@ -3,7 +3,6 @@ import pytest
 
 from ceu_jax.audits import trace_sensitivity as ts
 from ceu_jax.audits import trace_world as tw
-from ceu_jax.data.vocab import Vocab
 
 CFG = tw.ChainConfig()
 DOMAIN = tw.ChainDomain(CFG)
@@ -11,7 +10,7 @@ ITEMS = tw.make_items(CFG, 200, seed=1)
 
 
 def _lines(item):
-  c = item.prompt.context
+  c = item.context
   return [c[i:i + tw.LINE_LEN] for i in range(0, len(c), tw.LINE_LEN)]
 
 
@@ -41,7 +40,7 @@ def _walk(item, start, keys):
 def test_shapes_and_hops():
   assert {x.hops for x in ITEMS} == set(tw.HOPS)
   for x in ITEMS:
-    assert len(x.prompt.query) == CFG.query_len and len(x.prompt.context) == CFG.context_len
+    assert len(x.query) == CFG.query_len and len(x.context) == CFG.context_len
     assert len(x.target) == x.hops and len(x.target) + 1 <= CFG.answer_len
     assert len(set(x.keys)) == x.hops
 
@@ -71,7 +70,7 @@ def test_premise_negation_binds_nowhere_and_causal_inversion_needs_three_hops():
   v = CFG.vocab
   for x in ITEMS:
     tr = DOMAIN.parse(x.target)
-    context = set(x.prompt.context)
+    context = set(x.context)
     for k in range(1, x.hops):
       e, _ = ts.intervene(DOMAIN, x, tr, k, ts.PREMISE_NEGATION)
       assert e.block[0] not in context and e.implied_after is None and e.strength == 1.0
@@ -107,6 +106,6 @@ def test_bad_config_is_named():
   with pytest.raises(ValueError, match='n_lines'):
     tw.ChainConfig(n_lines=8)
   with pytest.raises(ValueError, match='n_ids'):
-    tw.ChainConfig(vocab=Vocab(n_ids=16))
+    tw.ChainConfig(n_ids=16)
   with pytest.raises(ValueError, match='n_items'):
     tw.make_items(CFG, 0)

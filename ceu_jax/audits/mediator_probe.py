@@ -11,8 +11,8 @@ output at the decision position(s) only, from D+ into D−, and scores
 CEU_dec = restoration of L (SPEC §1, stabilised, degenerate below ε): how much
 of that direct effect flows through the read at the decision itself.
 
-The engine does the interventions (`ceu_jax.engine.audit`, position probes);
-this module only builds inputs and summarises. Shape legend: B batch, Q query
+The engine does the interventions (`ceu_jax.audits.position_probe`, shared
+with the trace audit's answer probe); this module only builds inputs. Shape legend: B batch, Q query
 length, A answer length, T reader positions (Q + A), K probes (1).
 """
 from __future__ import annotations
@@ -20,12 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ceu_jax import engine
+from ceu_jax.audits import position_probe
 from ceu_jax.data import checklist
-from ceu_jax.metrics.resampling import mean_ci
 from ceu_jax.retrieval_adapter import ModelInputs
 
 PROBE = 'decision'
@@ -39,15 +38,7 @@ def decision_slots(cfg: checklist.ChecklistConfig) -> list[int]:
 
 def decision_loglik_fn(model: Any, slots: list[int]):
   """loglik_fn(variables, ModelInputs) -> [B]: log p of the answer at `slots` (teacher forced)."""
-  idx = jnp.asarray(slots)
-
-  def loglik_fn(variables, inputs: ModelInputs) -> jax.Array:
-    logits = model.apply(variables, inputs.query, inputs.context, inputs.passage_ids,
-                         inputs.answer)                              # [B, A, V]
-    logp = jax.nn.log_softmax(logits[:, idx].astype(jnp.float32), -1)  # [B, S, V]
-    tgt = inputs.answer[:, idx]                                      # [B, S]
-    return jnp.take_along_axis(logp, tgt[..., None], -1)[..., 0].sum(-1)  # [B]
-  return loglik_fn
+  return position_probe.slot_loglik_fn(model, slots)
 
 
 def decision_probe(model: Any, variables: Any, site: engine.Site, cfg: checklist.ChecklistConfig,
@@ -58,20 +49,10 @@ def decision_probe(model: Any, variables: Any, site: engine.Site, cfg: checklist
     raise ValueError(f'n must be an integer >= 1, got {n!r}')
   plus = checklist.generate_batch(cfg, seed, 0, n, 'test')           # answers: gold M, C(M)
   minus = checklist.corrupt(cfg, plus, 'value_swap', jax.random.PRNGKey(CORRUPT_SEED))
-  slots = decision_slots(cfg)
-  q = plus.query.shape[1]
-  t = q + plus.answer.shape[1]
-  mask = np.zeros((1, t), bool)
-  mask[0, [q + s for s in slots]] = True                               # position Q+s predicts slot s
-  probes = engine.Probes(positions=jnp.asarray(mask), names=(PROBE,))
-  fn = loglik_fn or decision_loglik_fn(model, slots)
-  res = engine.audit(fn, variables, clean=ModelInputs.of(plus), corrupt=ModelInputs.of(minus),
-                     site=site, probes=probes, eps=eps)
-  dl = np.asarray(res.delta_L, np.float64)                            # [B]
-  deg = np.asarray(res.degenerate, bool)                              # [B]
-  ceu = np.asarray(res.ceu_of(PROBE), np.float64)                     # [B]
-  return dict(delta_L=mean_ci(dl, seed=boot_seed).to_dict(),
-              ceu_decision=mean_ci(ceu[~deg], seed=boot_seed).to_dict(),
-              n=n, n_degenerate=int(deg.sum()), eps=eps,
-              gold_m_changed=float(np.mean(np.any(
-                  np.asarray(minus.context) != np.asarray(plus.context), -1))))
+  out = position_probe.slot_probe(model, variables, site, ModelInputs.of(plus),
+                                  ModelInputs.of(minus), decision_slots(cfg), name=PROBE,
+                                  eps=eps, boot_seed=boot_seed, loglik_fn=loglik_fn)
+  del out['per_item']
+  out['gold_m_changed'] = float(np.mean(np.any(
+      np.asarray(minus.context) != np.asarray(plus.context), -1)))
+  return out

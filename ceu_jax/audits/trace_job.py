@@ -45,43 +45,115 @@ FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
 class ChainWorld:
-  """World A with the trace oracles."""
-  title = 'World A: chained ATR, trace oracles'
+  """World A: the trace oracles and the trained chain readers (family/regime)."""
+  title = 'World A: chained ATR'
 
   def __init__(self, config):
     from ceu_jax.audits import trace_world as tw
+    from ceu_jax.data import chain
     a = config.chain
     for r in a.readers:
       if r not in CHAIN_READERS:
         raise ValueError(f'chain.readers: {r!r} is not one of {CHAIN_READERS}')
     if not 0.0 <= a.mixture_share <= 1.0:
       raise ValueError(f'chain.mixture_share must lie in [0, 1], got {a.mixture_share!r}')
-    self.tw, self.cfg = tw, tw.ChainConfig(hops=tuple(a.hops), n_lines=a.n_lines,
-                                           n_same_id=a.n_same_id)
-    self.a = a
-    self.readers = tuple(a.readers)
+    for name in ('steps', 'batch_size'):
+      if int(a[name]) < 1:
+        raise ValueError(f'chain.{name} must be >= 1, got {a[name]!r}')
+    if int(a.probe_items) < 0:
+      raise ValueError(f'chain.probe_items must be >= 0, got {a.probe_items!r}')
+    self.tw, self.a, self.variant = tw, a, config.variant
+    self.cfg = chain.ChainConfig.from_config(a.data)
+    self.trained = tuple(f'{f}/{r}' for f in a.families for r in a.regimes)
+    if not a.readers and not self.trained:
+      raise ValueError('chain: no readers (chain.readers and chain.families × regimes are empty)')
+    self.readers = tuple(a.readers) + self.trained
     self.domain = tw.ChainDomain(self.cfg)
     self.items = {'chain': tw.make_items(self.cfg, int(config.n_items), int(config.seed))}
     self.domains = {'chain': self.domain}
+    self.workdir, self.log, self._loaded = None, print, {}
 
   def prepare(self, workdir, log):
-    pass
+    self.workdir, self.log = workdir, log
+
+  def train_config(self, name):
+    """The training config of trained reader `name` = 'family/regime' (the audited world's
+    data; the prior only in the prior regime)."""
+    from configs import trace_sensitivity as tsc
+    family, regime = name.split('/')
+    tc = tsc.train_config(family, regime, self.variant == 'tiny', int(self.a.steps))
+    with tc.unlocked():
+      tc.data = type(tc.data)(self.a.data.to_dict())
+      tc.data.prior_share = float(self.a.data.prior_share) if regime == 'prior' else 0.0
+    return tc
+
+  def _trained(self, name):
+    if name not in self._loaded:
+      from ceu_jax.audits.trained import trained_reader
+      tc = self.train_config(name)
+      sub = os.path.join(self.workdir, 'train', name.replace('/', '_'))
+      reader, _ = trained_reader(tc, sub, self.log, batch_size=int(self.a.batch_size))
+      self._loaded[name] = (reader, tc, sub)
+    return self._loaded[name]
 
   def reader(self, name):
     tw, d, items = self.tw, self.domain, self.items['chain']
+    if name in self.trained:
+      return self._trained(name)[0]
     if name == 'following':
       return tw.following_oracle(d, items)
     if name == 'ignoring':
       return tw.ignoring_oracle(d, items)
     return tw.mixture_oracle(d, items, float(self.a.mixture_share), int(self.a.mixture_seed))
 
+  def probes(self, config) -> dict:
+    """The §8.4 answer-position probe of every trained reader (cached in W/probes)."""
+    from ceu_jax.audits import trace_probe
+    from ceu_jax.auditor import audited_model
+    out = {}
+    n = int(self.a.probe_items)
+    if not n:
+      return out
+    for name in self.trained:
+      path = os.path.join(self.workdir, 'probes', name.replace('/', '_') + '.json')
+      if not os.path.exists(path):
+        reader, tc, _ = self._trained(name)
+        bundle = audited_model(tc)
+        res = trace_probe.answer_probe(reader.model, reader.variables, bundle.site, self.cfg,
+                                       self.items['chain'][:n], boot_seed=int(config.bootstrap_seed))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        io.write_json_atomic(path, res)
+      out[name] = io.read_json(path)
+    return out
+
+  def reader_stats(self, rows) -> dict:
+    """Per reader and group: parsed items, how many answer the gold value and how many
+    answer what their own trace implies (consistent when left alone)."""
+    gold = {x.id: x for x in self.items['chain']}
+    first = {}
+    for x in rows:
+      if x['tau'] not in ('parse_failure', ts.IDENTITY) and x.get('applied', True):
+        first.setdefault((x['reader'], x['id']), x)
+    out: dict = {}
+    for (r, i), x in first.items():
+      item = gold[i]
+      g = out.setdefault(r, {}).setdefault(self.domain.group(item),
+                                           dict(n=0, answer_gold=0, own_trace=0))
+      ans = x['answer'][0] if x['answer'] else None
+      g['n'] += 1
+      g['answer_gold'] += int(ans == item.value)
+      g['own_trace'] += int(ans == x['implied_before'])
+    return out
+
   def describe(self) -> str:
     return ('Chains of h ∈ {%s} hops; the trace is the h − 1 bridge ids, the answer the value; '
             'Strength from the trace-following function (exact). LogicFlip has no meaning in '
-            'this world (a trace of ids states no operator) and is not applied. Readers: '
-            'oracles that follow their trace, ignore it, or a seeded per-item mixture '
-            '(share %.2f follows).' % (', '.join(map(str, self.cfg.hops)),
-                                       self.a.mixture_share))
+            'this world (a trace of ids states no operator) and is not applied. Items whose '
+            'value the memorisable prior fixes (%.0f%% of (query ID, last KEY) pairs) form the '
+            'group chain_prior. Readers: oracles that follow their trace, ignore it, or a seeded '
+            'per-item mixture (share %.2f follows); trained readers family/regime (%d steps).'
+            % (', '.join(map(str, self.cfg.hops)), 100 * self.cfg.prior_share,
+               self.a.mixture_share, int(self.a.steps)))
 
 
 def make_world(config):
@@ -152,6 +224,10 @@ def run_trace_sensitivity(config, workdir: str, log: Callable[[str], None] = pri
                    reader_wall_s={r: round(sum(p['wall_s'] for p in ps), 1)
                                   for r, ps in parts.items()},
                    wall_s_this_run=round(time.time() - t0, 1))
+    if hasattr(world, 'probes'):  # World A: trained readers' answer probe, accuracy / consistency
+      summary['probes'] = world.probes(config)
+      summary['reader_stats'] = world.reader_stats(
+          [dict(x, reader=r) for r, ps in parts.items() for p in ps for x in p['rows']])
     summary = json.loads(json.dumps(summary))
     _write_outputs(config, workdir, parts, summary)
   return summary
@@ -202,6 +278,16 @@ def _write_outputs(config, workdir: str, parts: dict, summary: dict) -> None:
         '95% percentile-bootstrap CIs resampling items (seed '
         f'{config.bootstrap_seed}). Offline there is no LLM judge: S is exact match '
         '(tokens) or SQuAD token F1 (text).']
+  if 'reader_stats' in summary:
+    md += ['', '## Overview (World A)', '', overview_table(summary)]
+  if summary.get('probes'):
+    md += ['', '## §8.4 companion: answer-position probe with the trace held fixed', '',
+           'D− = the first hop re-bound ((x_0, k_1) IS a_1: the gold trace would now lead '
+           'to v\'_1 ≠ v), the answer (gold trace, v) teacher-forced from D+, so following '
+           'the forced trace still gives v. ΔL = log p(v | D+, trace) − log p(v | D−, trace): '
+           'the effect of the context on the answer that bypasses the trace. CEU_answer = '
+           'restoration by patching the read port at the answer position only (non-degenerate '
+           'items, ΔL ≥ ε).', '', probe_table(summary['probes'])]
   for r, s in summary['readers'].items():
     md += ['', f'## {r}', '', f"items: {s['n_items']}, parse failures: {s['n_parse_failure']} "
            f"(rate {s['parse_failure_rate']:.3f}); reader wall time "
@@ -212,6 +298,40 @@ def _write_outputs(config, workdir: str, parts: dict, summary: dict) -> None:
     md += ['', '![ρ by trace length](rho_by_length.png)']
   io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
   io.write_text_atomic(os.path.join(workdir, 'report.md'), '\n'.join(md) + '\n')
+
+
+def overview_table(summary: dict) -> str:
+  """Reader × group: answer accuracy, own-trace consistency, φ / ρ overall and by trace length."""
+  lens = sorted({L for s in summary['readers'].values() for d in s['by_domain_len'].values()
+                 for L in d}, key=int)
+  cols = (['reader', 'group', 'parsed items', 'parse fail', 'answer = gold', 'answer = own trace',
+           'φ [95% CI]', 'ρ [95% CI]'] + [f'ρ, {L} steps' for L in lens])
+  lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
+  empty = {'phi': None, 'rho': None}
+  for r, s in summary['readers'].items():
+    st = summary['reader_stats'].get(r, {})
+    fails = s['parse_failure_by_domain']
+    for g in sorted(set(s['by_domain']) | set(st) | set(fails)):
+      c = s['by_domain'].get(g, empty)
+      n = st.get(g, {}).get('n', 0)
+      acc = (lambda k: f"{st[g][k] / n:.3f}" if n else '—')
+      by_len = s['by_domain_len'].get(g, {})
+      lines.append(f"| {r} | {g} | {n} | {fails.get(g, 0)} | {acc('answer_gold')} | "
+                   f"{acc('own_trace')} | "
+                   f"{ts.fmt(c['phi'])} | {ts.fmt(c['rho'])} |"
+                   + ''.join(f" {ts.fmt(by_len[L]['rho']) if L in by_len else '—'} |" for L in lens))
+  return '\n'.join(lines)
+
+
+def probe_table(probes: dict) -> str:
+  """Markdown table of the answer-position probes (pooled and per chain length h)."""
+  lines = ['| reader | h | n | ΔL (nats) [95% CI] | CEU_answer [95% CI] (n) | degenerate |',
+           '|---|---|---:|---|---|---:|']
+  for r, p in probes.items():
+    for h, c in [('all', p)] + sorted(p['by_hops'].items()):
+      lines.append(f"| {r} | {h} | {c['n']} | {ts.fmt(c['delta_L'])} | "
+                   f"{ts.fmt(c['ceu_answer'])} ({c['ceu_answer']['n']}) | {c['n_degenerate']} |")
+  return '\n'.join(lines)
 
 
 def _k_table(s: dict) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-TASKS = ("atr_insert", "factqa", "checklist")
+TASKS = ("atr_insert", "factqa", "checklist", "atr_chain")
 ATR_CORRUPTIONS = ("value_swap", "evidence_swap", "removal")
 FACTQA_CORRUPTIONS = ("value_swap", "entity_swap", "evidence_swap", "removal",
                       "distractor_injection", "paraphrase")
@@ -49,7 +49,13 @@ def _checklist() -> TaskSpec:
                   checklist.corrupt, checklist.CORRUPTIONS)
 
 
-_BUILDERS = {"atr_insert": _atr, "factqa": _factqa, "checklist": _checklist}
+def _chain() -> TaskSpec:
+  from ceu_jax.data import chain  # pylint: disable=import-outside-toplevel
+  return TaskSpec("atr_chain", chain.ChainConfig, chain.generate_batch, chain.corrupt,
+                  chain.CORRUPTIONS)
+
+
+_BUILDERS = {"atr_insert": _atr, "factqa": _factqa, "checklist": _checklist, "atr_chain": _chain}
 
 
 def get(name: str) -> TaskSpec:
