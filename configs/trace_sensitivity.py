@@ -93,7 +93,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   x.readers = ORACLES if which != 'trained' else ()  # trace oracles audited
   x.families = fams if which != 'oracles' else ()  # trained readers: these families ×
   x.regimes = regs if which != 'oracles' else ()   # these regimes (plain | prior | bypass)
-  x.steps = a.steps or (30 if tiny else 1500)      # training steps of every trained reader
+  x.steps = a.steps or (30 if tiny else 4000)      # training steps of every trained reader (the
+                                                   # chain is learned in a jump after ~1,600)
   x.batch_size = 256                   # reader rows per forward (trained readers)
   x.probe_items = 64 if tiny else 500  # §8.4 answer-position probe items per trained reader (0: off)
   x.mixture_share = 0.5                # mixture oracle: share of items whose answer follows the trace
