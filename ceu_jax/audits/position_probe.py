@@ -13,7 +13,8 @@ into D−; stabilised, degenerate below ε, SPEC §1).
 The engine does the interventions (`ceu_jax.engine.audit`, position probes);
 this module only builds the loglik function and the position mask and
 summarises with CIs. Shape legend: B batch, Q query length, A answer length,
-S scored slots, T reader positions (Q + A), V vocabulary.
+S scored slots, T reader positions (`model.spec.reader_len`: Q + A, plus the
+context N for a bypass model), V vocabulary.
 """
 from __future__ import annotations
 
@@ -49,10 +50,11 @@ def slot_probe(model: Any, variables: Any, site: engine.Site, plus: ModelInputs,
 
   Returns {delta_L, ceu_<name> (over non-degenerate items), n, n_degenerate, eps,
   per_item: {delta_L, ceu, degenerate} lists}."""
-  q = plus.query.shape[1]
-  t = q + plus.answer.shape[1]
+  a = plus.answer.shape[1]
+  spec = getattr(model, 'spec', None)   # T = [context (bypass models);] query; shifted answer
+  t = int(spec.reader_len) if spec is not None else plus.query.shape[1] + a
   mask = np.zeros((1, t), bool)
-  mask[0, [q + s for s in slots]] = True                               # position Q+s predicts slot s
+  mask[0, [t - a + s for s in slots]] = True                           # position T−A+s predicts slot s
   probes = engine.Probes(positions=jnp.asarray(mask), names=(name,))
   fn = loglik_fn or slot_loglik_fn(model, slots)
   res = engine.audit(fn, variables, clean=plus, corrupt=minus, site=site, probes=probes, eps=eps)
