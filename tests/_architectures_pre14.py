@@ -252,7 +252,7 @@ class SSMRetrieval(nn.Module):
     u = enc.astype(jnp.float32)
     film = 1.0 + self.film(memory["query_summary"])
     sel = nn.silu(self.sel_proj(u * film[:, None, :]))
-    a, bx = self.gates(sel, self.x_proj(u))
+    a, bx = self.gates(sel, self.x_proj(u)).expand()   # SelectiveGates returns factors now
     if s.ssm_reset_at_passages:
       a = a * (1.0 - ssm_lib.passage_starts(memory["passage_ids"]))[..., None, None]
     states = ssm_lib.slot_contributions(a, bx, memory["passage_ids"], s.num_passages,

@@ -171,14 +171,14 @@ def test_gradients_equal_the_rescan_gradients_float64():
 SIZES = dict(vocab_size=40, context_len=24, num_passages=3, query_len=4, answer_len=2)
 
 
-def _port(reset: bool = True, impl: str = "associative"):
+def _port(reset: bool = True, impl: str = "associative", layout: str = "ragged"):
   spec = make_spec(dict(family="ssm", preset="p100k",
                         overrides=dict(ssm_reset_at_passages=reset, scan_impl=impl,
                                        ssm_inner=8, ssm_state=4, embed_dim=16)), **SIZES)
   port = ssm.SSMRetrieval(spec)
   r = np.random.default_rng(0)
   b, n, t = 2, SIZES["context_len"], 5
-  pid = jnp.asarray(_layout("ragged", b, n, 3, seed=2), jnp.int32)
+  pid = jnp.asarray(_layout(layout, b, n, 3, seed=2), jnp.int32)
   memory = ContextMemory(encoded=jnp.asarray(r.normal(size=(b, n, 16)), jnp.float32),
                          query_summary=jnp.asarray(r.normal(size=(b, 16)), jnp.float32),
                          passage_ids=pid, ctx_mask=jnp.ones((b, n), bool))
@@ -190,8 +190,12 @@ def _port(reset: bool = True, impl: str = "associative"):
 
 
 @pytest.mark.parametrize("reset", [True, False])
-def test_port_read_equals_masked_rescan(reset):
-  port, variables, x, memory = _port(reset)
+@pytest.mark.parametrize("impl,layout", [("associative", "ragged"), ("fused", "ragged"),
+                                         ("fused", "padded")])
+def test_port_read_equals_masked_rescan(reset, impl, layout):
+  """Every read — the fused scan's unmasked one included — equals the masked re-scan
+  (padded: ids outside the slots and a passage split in two runs)."""
+  port, variables, x, memory = _port(reset, impl, layout)
   b, n = memory.passage_ids.shape
   spans = _spans(jax.random.PRNGKey(3), b, n, np.asarray(memory.passage_ids))
 
