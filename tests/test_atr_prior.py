@@ -54,3 +54,34 @@ def test_rho_positive_query_only_beats_chance(atr_data):
   assert acc > p + 10 * np.sqrt(p * (1 - p) / TEST), (acc, p)
   # About ρ + (1 - ρ)/|V|: the fixed pairs are memorised, the rest at chance.
   assert acc > 0.35, acc
+
+
+def test_memorisable_flags_the_pairs_whose_answer_never_varies(atr_data):
+  """atr.memorisable against an independent reading of the data (ρ = 0.5): a flagged
+  pair has one answer in every example that asks it, an unflagged pair asked ≥ 6 times
+  has several; ρ = 0 and key_for_value flag nothing; the strata split by has_evidence."""
+  from ceu_jax.data import atr  # pylint: disable=g-import-not-at-top
+  cfg = _cfg("value_for_key", 0.5)
+  b = atr_data(cfg, TRAIN)
+  mem = atr.memorisable(cfg, b.query)
+  answers: dict = collections.defaultdict(set)
+  flags: dict = collections.defaultdict(set)
+  for q, a, m in zip(map(tuple, b.query), map(tuple, b.answer), mem):
+    answers[q].add(a)
+    flags[q].add(bool(m))
+  seen = collections.Counter(map(tuple, b.query))
+  for q, fs in flags.items():
+    assert len(fs) == 1, q                           # a pair's flag is a function of it
+    if fs == {True}:                                 # memorisable: one answer, always
+      assert len(answers[q]) == 1, (q, answers[q])
+    elif seen[q] >= 6:                               # else random: 6 equal draws of 16
+      assert len(answers[q]) > 1, (q, answers[q])    # values has chance 16^-5
+  assert abs(mem.mean() - 0.5) < 0.05, mem.mean()
+  strata = atr.strata(cfg, b)
+  assert set(strata) == {"memorised", "evidence_only"}
+  np.testing.assert_array_equal(strata["memorised"], mem & b.has_evidence)
+  np.testing.assert_array_equal(strata["evidence_only"], ~mem & b.has_evidence)
+  assert not atr.memorisable(_cfg("value_for_key", 0.0), b.query).any()
+  assert atr.strata(_cfg("value_for_key", 0.0), b) == {}
+  kfv = _cfg("key_for_value", 0.5)
+  assert not atr.memorisable(kfv, atr_data(kfv, 64).query).any()

@@ -128,7 +128,7 @@ def test_trained_attention_uses_its_evidence_and_not_a_control_span(tmp_path):
   mean evidence CEU >= 0.5 under value swap (about 1 min on one CPU core).
   """
   from configs import smoke  # pylint: disable=g-import-not-at-top
-  config, workdir = smoke.get_config(), str(tmp_path / "run")
+  config, workdir = smoke.get_config("full,world=plain,steps=1000"), str(tmp_path / "run")
   config.model.family, config.model.bypass = "attention", False
   config.eval.corruptions = ("value_swap",)
   train_and_evaluate(config, workdir)

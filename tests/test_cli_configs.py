@@ -79,6 +79,19 @@ def test_smoke_worlds_and_seeds_expand_as_documented():
   assert {g[1] for g in got} == {"none", "evidence", "evidence_distractor"}
   short = smoke.get_config("tiny,world=shortcut")
   assert (short.data.rho, short.data.eta) == (0.9, 0.3)
+  # The main job (issue #19): shortcut world, 3 families x 3 regularisers x 2 seeds; the
+  # CER cells carry the swap hinge, the baselines nothing; the plain world keeps β = 0.
+  main = sweep.expand(smoke.get_config())
+  assert len(main) == 18
+  assert {(c.config.data.rho, c.config.data.eta) for c in main} == {(0.9, 0.3)}
+  assert {c.config.seed for c in main} == {0, 1}
+  assert {(c.config.cer.regularizer, c.config.cer.lambda_ev, c.config.cer.beta_swap)
+          for c in main} == {("none", 0.0, 0.0), ("evidence", 1.0, 1.0),
+                             ("evidence_distractor", 1.0, 1.0)}
+  plain = sweep.expand(smoke.get_config("full,world=plain,seeds=1"))
+  assert {c.config.cer.beta_swap for c in plain} == {0.0} and len(plain) == 6
+  assert {c.config.cer.beta_swap for c in sweep.expand(smoke.get_config("full,swap=0.5"))
+          } == {0.0, 0.5}
   with pytest.raises(ValueError, match="world"):
     smoke.get_config("full,world=mars")
 

@@ -94,3 +94,70 @@ def test_report_shows_mean_sd_per_setting_and_every_seed(grid):
   assert len(table) == 12 and {r["seeds"] for r in table} == {"0 1 2"}
   for stem in ("em_ceu_vs_delta", "pareto_em_supported"):
     assert (tmp_path / "plots" / f"{stem}.png").stat().st_size > 1000
+
+
+def test_strata_metrics_equal_numpy_on_the_subsets():
+  """A cell's per-stratum columns (grid.cell.summarize_condition) against numpy on the
+  masked examples; the degenerate share counts examples with evidence only."""
+  from ceu_jax import auditor as auditor_lib  # pylint: disable=g-import-not-at-top
+  from ceu_jax.grid import cell  # pylint: disable=g-import-not-at-top
+  r = np.random.default_rng(0)
+  n = 400
+  has_ev = r.random(n) < 0.7
+  mem = r.random(n) < 0.9
+  L_plus = -r.random(n)
+  L_minus = np.where(mem & (r.random(n) < 0.6), L_plus, L_plus - 1 - r.random(n))
+  rows = dict(example_id=np.arange(n), correct=r.random(n) < 0.85, has_evidence=has_ev,
+              dis_found=np.ones(n, bool), L_plus=L_plus, L_minus=L_minus,
+              delta_L=L_plus - L_minus, degenerate=(L_plus - L_minus) < 1e-3)
+  for probe in ("ev", "dis", "control"):
+    rows[f"L_int_{probe}"] = L_minus + r.random(n) * (L_plus - L_minus)
+    with np.errstate(invalid="ignore", divide="ignore"):
+      rows[f"ceu_{probe}"] = np.where(rows["degenerate"], np.nan,
+                                      (rows[f"L_int_{probe}"] - L_minus) / (L_plus - L_minus))
+    rows[f"delta_{probe}"] = rows[f"L_int_{probe}"] - L_minus
+  rows["stratum_memorised"] = has_ev & mem
+  rows["stratum_evidence_only"] = has_ev & ~mem
+  settings = auditor_lib.AuditSettings(batch_size=64, chunk_size=16, eps=1e-3,
+                                       num_resamples=200)
+  row, _ = cell.summarize_condition(rows, settings)
+  ok = has_ev & ~rows["degenerate"]
+  assert row["degenerate"] == pytest.approx((rows["degenerate"] & has_ev).sum() / has_ev.sum())
+  for name in ("memorised", "evidence_only"):
+    m = rows[f"stratum_{name}"]
+    np.testing.assert_allclose(row[f"em_{name}"], rows["correct"][m].mean(), rtol=1e-12)
+    assert row[f"em_{name}_n"] == m.sum()
+    np.testing.assert_allclose(row[f"ceu_ev_{name}"], np.mean(rows["ceu_ev"][m & ok]),
+                               rtol=1e-6)
+    assert row[f"ceu_ev_{name}_n"] == (m & ok).sum()
+    supported = rows["correct"] & ok & (np.nan_to_num(rows["ceu_ev"]) >= 0.5)
+    np.testing.assert_allclose(row[f"supported_0.5_{name}"], supported[m].mean(), rtol=1e-12)
+    assert row[f"degenerate_{name}"] == pytest.approx(rows["degenerate"][m].mean())
+    assert row[f"em_{name}_lo"] <= row[f"em_{name}"] <= row[f"em_{name}_hi"]
+  np.testing.assert_allclose(row["em"], rows["correct"].mean(), rtol=1e-12)
+
+
+def test_report_shows_accuracy_beside_evidence_use_per_stratum(tmp_path):
+  """The H1 table: per setting, EM and supported rate overall and per stratum, mean ±
+  sd over seeds, with the strata's example counts."""
+  def cell_fn(config, d):
+    em = 0.9 - 0.2 * config.cer.lambda_ev + 0.01 * config.seed
+    sup = 0.3 + 0.3 * config.cer.lambda_ev
+    row = {"condition": "clean", "delta_test": 0.3, "eta_test": 0.0, "n_test": 128,
+           "em": em, "supported_0.5": sup, "degenerate": 0.5 - sup / 2,
+           "em_memorised": em + 0.05, "em_memorised_n": 160,
+           "supported_0.5_memorised": sup - 0.1, "degenerate_memorised": 0.6,
+           "em_evidence_only": em - 0.3, "em_evidence_only_n": 20,
+           "ceu_ev_evidence_only": 0.9, "ceu_ev_evidence_only_n": 18}
+    return {"rows": [row]}
+  c = _seeded_config((0, 1))
+  runner.run_grid(c, str(tmp_path), cell_fn, log=lambda s: None)
+  _, rows, failures = aggregate.write_results_csv(str(tmp_path), c)
+  results, _ = runner.load_results(str(tmp_path))
+  text = open(report.write_report(str(tmp_path), rows, results, failures, config=c)).read()
+  table = text.split("## Accurate, but is the evidence used?")[1].split("## ")[0]
+  em = np.array([0.7, 0.71])
+  assert (f"| attention | evidence | 2 | {em.mean():.3f} ± {em.std(ddof=1):.3f} | "
+          "0.600 ± 0.000 | 0.200 ± 0.000 | ") in table
+  assert "[memorised] = evidence present, answer memorisable (ρ prior) (examples: 160)" in table
+  assert "(examples: 20)" in table and "0.900 ± 0.000 (n≥18)" in table

@@ -139,6 +139,27 @@ def parse_query(cfg: ATRConfig, query: jax.Array):
   return q_id, jnp.asarray(-1), query[4:4 + cfg.value_len] - v.value_base
 
 
+def memorisable(cfg: ATRConfig, query) -> np.ndarray:
+  """[B] bool: the query's (ID, KEY) pair has a value fixed by the ρ prior (the
+  parametric channel can answer it without the evidence). All False when ρ = 0 or
+  for key_for_value (the prior binds (ID, KEY) pairs; that query names no KEY)."""
+  query = np.asarray(query)
+  if cfg.rho == 0.0 or cfg.variant != "value_for_key":
+    return np.zeros(query.shape[0], bool)
+  q_id, q_key, _ = jax.vmap(lambda q: parse_query(cfg, q))(jnp.asarray(query))
+  return np.asarray(atr_lines.prior_values(cfg, q_id, q_key)[0])
+
+
+def strata(cfg: ATRConfig, batch) -> dict[str, np.ndarray]:
+  """Named [B] masks the grid reports separately (SPEC §6 H1): examples whose D+ holds
+  the evidence and whose answer the ρ prior fixes ('memorised'), or does not
+  ('evidence_only'). Empty without a prior."""
+  if cfg.rho == 0.0 or cfg.variant != "value_for_key":
+    return {}
+  mem, ev = memorisable(cfg, batch.query), np.asarray(batch.has_evidence)
+  return {"memorised": ev & mem, "evidence_only": ev & ~mem}
+
+
 def overlap_tokens(cfg: ATRConfig, q_id, q_key, q_vals):
   """The two query tokens that filler lines may mention (lexical-overlap control)."""
   v = cfg.vocab

@@ -28,13 +28,16 @@ class TaskSpec:
   generate_batch: Callable[..., Any]
   corrupt: Callable[..., Any]
   corruptions: tuple[str, ...]
+  # strata(cfg, batch) -> {name: [B] bool}: example groups reported separately
+  # (ATR-insert: evidence present and answer memorisable or not); None: no strata.
+  strata: Callable[..., dict] | None = None
 
 
 def _atr() -> TaskSpec:
   from ceu_jax.data import atr, corruptions  # pylint: disable=import-outside-toplevel
   from ceu_jax.data.atr_config import ATRConfig  # pylint: disable=import-outside-toplevel
   return TaskSpec("atr_insert", ATRConfig, atr.generate_batch, corruptions.corrupt,
-                  ATR_CORRUPTIONS)
+                  ATR_CORRUPTIONS, strata=atr.strata)
 
 
 def _factqa() -> TaskSpec:

@@ -4,7 +4,9 @@ Row schema (what a cell function returns per test condition):
   condition               name of the test condition ('clean', 'delta=0.6', ...)
   eta_test, delta_test, n_test   the test-time data knobs of that condition
   <metric>, <metric>_lo, <metric>_hi, <metric>_n   an aggregate with its 95% CI
-      for metric in METRICS (em, ceu_ev, ceu_dis, ceu_control, supported_0.5, ...)
+      for metric in METRICS (em, ceu_ev, ceu_dis, ceu_control, supported_0.5, ...);
+      degenerate (share of degenerate gaps among examples with evidence; no CI) and,
+      for tasks with strata, <metric>_<stratum> (e.g. supported_0.5_memorised)
   time_*                  timing columns (differ between runs; excluded from equality)
 Config columns are every leaf field of the cell config ('model.family', ...).
 Only cells of the current grid config are aggregated: cells left in W/cells/ by an
@@ -21,8 +23,14 @@ from typing import Iterable
 from ceu_jax import io
 from ceu_jax.grid import runner
 
+# Strata of a task's examples (ceu_jax.data.tasks.TaskSpec.strata; ATR-insert with a ρ
+# prior: evidence present and the answer memorisable, or not) and the metrics each
+# gets, as <metric>_<stratum> columns.
+STRATA = ("memorised", "evidence_only")
+STRATUM_METRICS = ("em", "ceu_ev", "supported_0.5", "degenerate")
 METRICS = ("em", "nll", "ceu_ev", "ceu_dis", "ceu_control", "delta_L", "delta_ev", "delta_dis",
-           "supported_0.25", "supported_0.5", "supported_0.75")
+           "supported_0.25", "supported_0.5", "supported_0.75", "degenerate") + tuple(
+               f"{m}_{s}" for s in STRATA for m in STRATUM_METRICS)
 CONDITION_FIELDS = ("condition", "eta_test", "delta_test", "n_test")
 ID_FIELDS = ("cell_id", "index")
 

@@ -24,6 +24,7 @@ from ceu_jax import audit_job
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax import auditor as auditor_lib
 from ceu_jax.data import tasks
+from ceu_jax.grid import aggregate
 
 
 def test_conditions(config: ml_collections.ConfigDict) -> list[tuple[str, object]]:
@@ -44,12 +45,49 @@ def grid_corruption(config: ml_collections.ConfigDict) -> str:
 
 
 def audit_condition(config, params, data_cfg) -> dict[str, np.ndarray]:
-  """Per-example audit rows of the fixed eval set of one condition (grid corruption)."""
+  """Per-example audit rows of the fixed eval set of one condition (grid corruption),
+  with a bool column `stratum_<name>` per stratum of the task (tasks.TaskSpec.strata)."""
   corruption = grid_corruption(config)
   bundle = auditor_lib.audited_model(config, data_cfg=data_cfg)
   data = auditor_lib.eval_set(config, data_cfg=data_cfg).select((corruption,))
   auditor = auditor_lib.Auditor(bundle, auditor_lib.AuditSettings.of_config(config))
-  return auditor.rows(params, data)[corruption]
+  rows = auditor.rows(params, data)[corruption]
+  strata = tasks.of_config(config.data).strata
+  for name, mask in (strata(data_cfg, data.clean) if strata else {}).items():
+    rows[f"stratum_{name}"] = np.asarray(mask, bool)
+  return rows
+
+
+def summarize_condition(rows: dict[str, np.ndarray], settings) -> dict:
+  """One grid row's metrics: the summary of every example, the share of degenerate
+  gaps among examples with evidence, and per stratum (rows' `stratum_<name>` columns)
+  the aggregate.STRATUM_METRICS suffixed `_<name>`."""
+  def summarize(r):
+    return auditor_lib.summarize_rows(r, eps=settings.eps,
+                                      num_resamples=settings.num_resamples)
+  plain = {k: v for k, v in rows.items() if not k.startswith("stratum_")}
+  summary = summarize(plain)
+  row = row_from_summary(summary)
+  row.update(_degenerate_share(summary))
+  for key, mask in rows.items():
+    if not key.startswith("stratum_") or not mask.any():
+      continue
+    name = key[len("stratum_"):]
+    sub = summarize({k: v[mask] for k, v in plain.items()})
+    flat = {**row_from_summary(sub), **_degenerate_share(sub)}
+    for m in aggregate.STRATUM_METRICS:
+      for tail in ("", "_lo", "_hi", "_n"):
+        if m + tail in flat:
+          row[f"{m}_{name}{tail}"] = flat[m + tail]
+  return row, summary
+
+
+def _degenerate_share(s: dict) -> dict:
+  """'degenerate': degenerate gaps / examples with evidence (no CI: a count ratio)."""
+  with_ev = s["n"] - s.get("n_without_evidence", 0)
+  if "n_degenerate" not in s or with_ev <= 0:
+    return {}
+  return {"degenerate": s["n_degenerate"] / with_ev, "degenerate_n": with_ev}
 
 
 def _agg(d: dict | None, prefix: str) -> dict:
@@ -88,13 +126,12 @@ def run_cell(config: ml_collections.ConfigDict, cell_dir: str, *,
   for name, data_cfg in test_conditions(config):
     log(f"[cell] auditing condition {name}")
     ex = audit_condition(config, params, data_cfg)
-    summary = auditor_lib.summarize_rows(ex, eps=settings.eps,
-                                         num_resamples=settings.num_resamples)
+    metrics, summary = summarize_condition(ex, settings)
     if name == "clean":
       audit_job.write_outputs(os.path.join(cell_dir, "audit"), {grid_corruption(config): ex},
                               {grid_corruption(config): summary}, {"condition": name})
     rows.append({"condition": name, "eta_test": data_cfg.eta, "delta_test": data_cfg.delta,
-                 "n_test": data_cfg.context_len, **row_from_summary(summary)})
+                 "n_test": data_cfg.context_len, **metrics})
   return {"rows": rows, "train": _jsonable(train_summary)}
 
 

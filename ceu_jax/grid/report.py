@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ceu_jax import io, plotting
+from ceu_jax.grid import aggregate
 
 FAMILY = "model.family"
 REG = "cer.regularizer"
@@ -322,6 +323,46 @@ def settings_table(agg: Sequence[dict], varying: Sequence[str] = (),
   return "\n".join(lines)
 
 
+STRATUM_TEXT = {"memorised": "evidence present, answer memorisable (ρ prior)",
+                "evidence_only": "evidence present, answer not memorisable"}
+
+
+def strata_table(agg: Sequence[dict], varying: Sequence[str] = ()) -> str | None:
+  """Markdown table (clean condition): accuracy next to evidence use, overall and per
+  stratum — EM, supported-answer rate, share of degenerate gaps (the answer does not
+  move when the evidence value is swapped), CEU_ev; mean ± sd over seeds (one seed:
+  value [95% CI]). None when the rows carry no strata."""
+  clean = [r for r in agg if r.get("condition") == "clean"]
+  strata = [s for s in aggregate.STRATA
+            if any(np.isfinite(_num(r.get(f"em_{s}"))) for r in clean)]
+  if not strata:
+    return None
+  extra = _extra(varying)
+  cols = [("em", "EM"), ("supported_0.5", "supported"), ("degenerate", "degenerate")]
+  for s in strata:
+    cols += [(f"em_{s}", f"EM [{s}]"), (f"supported_0.5_{s}", f"supported [{s}]"),
+             (f"degenerate_{s}", f"degenerate [{s}]"), (f"ceu_ev_{s}", f"CEU_ev (n) [{s}]")]
+  head = ("| architecture | regulariser | " + "".join(f"{k.split('.')[-1]} | " for k in extra)
+          + "seeds | " + " | ".join(name for _, name in cols) + " |")
+  lines = [head, "|" + "---|" * (3 + len(extra) + len(cols))]
+  order = lambda r: (str(r.get(FAMILY)), str(r.get(REG)), r["index"])
+  for r in sorted(clean, key=order):
+    lines.append(f"| {r.get(FAMILY)} | {r.get(REG)} | " + "".join(f"{r.get(k)} | " for k in extra)
+                 + f"{r.get('n_seeds', 1)} | "
+                 + " | ".join(_fmt_sd(r, m, with_n=m.startswith("ceu_")) for m, _ in cols) + " |")
+  legend = "; ".join(f"[{s}] = {STRATUM_TEXT.get(s, s)} (examples: "
+                     f"{_n_range(clean, 'em_' + s)})" for s in strata)
+  return ("\n".join(lines) + "\n\n" + legend + ". 'degenerate' = share of the examples with "
+          "evidence whose gold log-likelihood does not move (gap < ε) when the evidence value "
+          "is swapped: the answer does not depend on the evidence there. Supported = correct "
+          "AND CEU_ev ≥ 0.5 (a degenerate example is never supported).")
+
+
+def _n_range(rows: Sequence[dict], metric: str) -> str:
+  ns = sorted({int(n) for r in rows if np.isfinite(n := _num(r.get(f"{metric}_n")))})
+  return "?" if not ns else str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
+
+
 def _values(results: Sequence[dict], field: str) -> str:
   vals = sorted({str(v) for r in results
                  if (v := r.get("config", {}).get(field)) is not None}, key=str)
@@ -433,6 +474,12 @@ def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
            + (f", {len(agg)} in results_seeds.csv (one per setting × condition, over seeds)"
               if multi else "") + ".", ""]
   parts += what_was_run(rows, results, config)
+  h1 = strata_table(agg, varying) if agg else None
+  if h1:
+    parts += ["## Accurate, but is the evidence used? (clean test condition, by stratum)", "",
+              "SPEC §6 H1: a model can be accurate while its evidence is not causally used. "
+              "Values are " + ("mean ± sd over seeds" if multi else
+                               "value [95% bootstrap CI] of the one seed") + ".", "", h1, ""]
   if multi:
     parts += ["## Summary over seeds (clean test condition; mean ± sd over seeds (n))", "",
               "Each value is the mean over the setting's seeds of the cells' means, ± the "
