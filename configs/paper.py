@@ -37,6 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   g.delta_test = (0.0, 0.3, 0.6, 0.9)          # test-time δ shift
   g.n_test = (256, 512, 1024, 2048)            # test-time context length shift
   g.eta_test = (0.0, 0.1, 0.3, 0.5)            # test-time η shift
+  g.compilation_cache = True                   # W/jax_cache: seeds and conditions reuse programs
 
   families = (("model.family", ("attention", "ssm", "memory_port")),)
   seeds = (("seed", (0, 1, 2)),)

@@ -67,6 +67,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   g.delta_test = (0.3, 0.6, 0.9)              # test-time δ (one condition each)
   g.n_test = (64,) if tiny else (64, 128)     # test-time context length n
   g.eta_test = (0.0,) if tiny else (0.0, 0.3, 0.6)  # test-time miss rate η
+  g.compilation_cache = True                  # W/jax_cache: seeds and conditions reuse programs
 
   world = a.world or "shortcut"
   worlds = tuple(WORLDS) if world == "both" else (world,)

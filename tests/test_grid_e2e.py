@@ -47,6 +47,8 @@ def test_tiny_smoke_grid_runs_and_reports_strata(tmp_path):
   assert "[memorised] = evidence present, answer memorisable" in text
   for stem in ("em_ceu_vs_delta", "pareto_em_supported"):
     assert os.path.getsize(os.path.join(workdir, "plots", f"{stem}.png")) > 1000
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):   # the grid's own cache, unless set
+    assert os.listdir(os.path.join(workdir, grid_main.CACHE_DIR))
   # A rerun skips every finished cell.
   again = grid_main.run(config, workdir, log=lambda s: None)
   assert again["counts"]["skipped"] == 2 and again["counts"]["done"] == 0

@@ -16,6 +16,25 @@ from ceu_jax.grid import aggregate, report, runner, validate
 
 
 AGGREGATE_WAIT_S = 600.0   # longest wait for another host's aggregation
+CACHE_DIR = "jax_cache"    # W/jax_cache: compiled programs, reused by later cells and reruns
+CACHE_MIN_COMPILE_S = 0.1  # programs that compile faster are not worth a cache entry
+
+
+def use_compilation_cache(workdir: str) -> str:
+  """Keep compiled programs in W/jax_cache (JAX's persistent compilation cache): the
+  cells of one setting (seeds) and of the test conditions compile the same programs,
+  and a rerun finds them too. A cache directory the user already set (e.g.
+  JAX_COMPILATION_CACHE_DIR) wins. Returns the directory in use."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  if jax.config.jax_compilation_cache_dir:
+    return jax.config.jax_compilation_cache_dir
+  path = os.path.join(os.path.abspath(workdir), CACHE_DIR)
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_S)
+  compilation_cache.set_cache_dir(path)
+  compilation_cache.reset_cache()   # a cache checked before this call is looked up again
+  return path
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = None,
@@ -30,6 +49,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = 
   """
   clock = progress.Progress(1)
   counts = {}
+  if not aggregate_only and config.get("grid", {}).get("compilation_cache", False):
+    log(f"[grid] compiled programs are cached in {use_compilation_cache(workdir)}")
   if not aggregate_only:
     if cell_fn is None:
       from ceu_jax.grid.cell import run_cell

@@ -5,13 +5,17 @@ import ml_collections
 
 # The test conditions; their examples, seed and corruption come from `config.eval`
 # (the grid's rows use the first of eval.corruptions, ceu_jax.grid.cell).
-GRID_FIELDS = ("delta_test", "n_test", "eta_test")
+# `compilation_cache` (bool): keep compiled programs in W/jax_cache (grid.main).
+GRID_FIELDS = ("delta_test", "n_test", "eta_test", "compilation_cache")
 
 
 def validate_grid_section(g: ml_collections.ConfigDict) -> None:
   unknown = sorted(set(g.keys()) - set(GRID_FIELDS))
   if unknown:
     raise ValueError(f"grid: unknown field(s) {unknown}; known: {list(GRID_FIELDS)}")
+  if not isinstance(g.get("compilation_cache", False), bool):
+    raise ValueError("grid.compilation_cache must be true or false, got "
+                     f"{g.compilation_cache!r}")
   for name in ("delta_test", "eta_test"):
     for v in getattr(g, name):
       if not 0.0 <= v <= 1.0:
