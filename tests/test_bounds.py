@@ -18,6 +18,7 @@ from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import LineKind
 from ceu_jax.theory import adversary, experiment
 from configs import bounds as bounds_config
+from tests.conftest import fast_compile
 
 STEMS = ("t1", "t2", "t3")
 
@@ -59,12 +60,14 @@ def test_run_bounds_micro_smoke(tmp_path):
   config = _micro()
   workdir = str(tmp_path / "w")
   logs = []
-  experiment.run_bounds(config, workdir, log=logs.append)
+  with fast_compile():   # compile-bound: ~45 programs, seconds of compute
+    experiment.run_bounds(config, workdir, log=logs.append)
   res = _check_outputs(workdir, config)
   assert any("T3" in line for line in logs)
   # A rerun skips the finished models and rewrites the outputs.
   logs.clear()
-  experiment.run_bounds(config, workdir, log=logs.append)
+  with fast_compile():
+    experiment.run_bounds(config, workdir, log=logs.append)
   assert sum("trained, skipped" in line for line in logs) == len(config.models)
   assert json.load(open(os.path.join(workdir, "bounds.json")))["models"] == res["models"]
 
