@@ -38,9 +38,9 @@ def _train_argv(cfg: str, workdir: str, *overrides: str) -> list[str]:
   return ["-m", "experiments.train", f"--config={cfg}", f"--workdir={workdir}", *overrides]
 
 
-def _two(cfg, workdir, log_dir, *overrides, tag, cache=None):
+def _two(cfg, workdir, log_dir, *overrides, tag, cache=None, fast_compile=False):
   return launch(_train_argv(cfg, workdir, *overrides), log_dir, processes=2, devices=4,
-                cache_dir=cache, tag=tag)
+                cache_dir=cache, tag=tag, fast_compile=fast_compile)
 
 
 def _assert_close_metrics(got: list[dict], want: list[dict]) -> None:
@@ -130,20 +130,26 @@ def _tiny_config(path: str, **train):
 
 def test_two_processes_tiny(tmp_path):
   """CI version: 3 steps on 2 x 4 devices (eval at step 3), SIGTERM after step 2 (a
-  checkpoint from both processes), resume; equal to one device (this process) to 1e-5."""
+  checkpoint from both processes), resume; equal to one device (this process) to 1e-5.
+  Compile-bound: every run compiles with most XLA optimisations off, and the resumed
+  run's process 0 finds the stopped run's programs in a persistent compilation cache."""
   from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
   cfg = write_config(str(tmp_path))
   steps = dict(num_steps=3, eval_every=3, checkpoint_every=10)
   one = str(tmp_path / "one_device")
-  loop.train_and_evaluate(_tiny_config(cfg, **steps), one)
+  with fast_compile():
+    loop.train_and_evaluate(_tiny_config(cfg, **steps), one)
   extra = [f"--config.train.{k}={v}" for k, v in steps.items()]
   logs, two = str(tmp_path / "logs"), str(tmp_path / "two_processes")
-  res = _two(cfg, two, logs, *extra, "--config.train.debug_kill=sigterm:2", tag="stop")
+  cache = str(tmp_path / "jax_cache")
+  res = _two(cfg, two, logs, *extra, "--config.train.debug_kill=sigterm:2", tag="stop",
+             cache=cache, fast_compile=True)
   assert [r.returncode for r in res] == [EXIT_PREEMPTED] * 2, describe_all(res)
   assert "joined the cluster: process 1 of 2, 4 local / 8 global devices" in res[1].stderr
   assert checkpoint_steps(two) == [2] and status(two)["status"] == "preempted"
   _assert_both_wrote(two, 2)
-  res = _two(cfg, two, logs, *extra, tag="resume")
+  res = _two(cfg, two, logs, *extra, tag="resume", cache=cache, fast_compile=True)
   assert all(r.returncode == 0 for r in res), describe_all(res)
   assert "resumed from checkpoint step 2" in res[1].stderr
   assert status(two)["status"] == "completed"

@@ -47,11 +47,12 @@ def env_for(devices: int, cache_dir: str | None = None, **extra: str) -> dict:
 
 
 def launch(argv: list[str], log_dir: str, *, processes: int = 2, devices: int = 4,
-           cache_dir: str | None = None, timeout: float = 900, tag: str = "run"
-           ) -> list[Finished]:
+           cache_dir: str | None = None, timeout: float = 900, tag: str = "run",
+           fast_compile: bool = False) -> list[Finished]:
   """Run `python <argv> --coordinator_address=localhost:<port> --num_processes=N
   --process_id=i` for i < N; returns each process's outcome (rc -9 if killed at the
-  timeout)."""
+  timeout). fast_compile: most XLA optimisations off (compile-bound runs)."""
+  extra = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"} if fast_compile else {}
   port = free_port()
   os.makedirs(log_dir, exist_ok=True)
   procs, files = [], []
@@ -61,7 +62,7 @@ def launch(argv: list[str], log_dir: str, *, processes: int = 2, devices: int = 
     files.append((out, err))
     cmd = [sys.executable, *argv, f"--coordinator_address=localhost:{port}",
            f"--num_processes={processes}", f"--process_id={i}"]
-    procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_for(devices, cache_dir),
+    procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_for(devices, cache_dir, **extra),
                                   stdout=out, stderr=err))
   deadline = time.time() + timeout
   for p in procs:

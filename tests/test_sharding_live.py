@@ -152,7 +152,7 @@ def test_model_parallel_training_equals_data_parallel(tmp_path):
     path = tmp_path / f"{name}.py"
     path.write_text(_config_text(shape, axes, rules, family="memory_port"))
     workdir = str(tmp_path / name)
-    proc = run_train(str(path), workdir, devices=8)
+    proc = run_train(str(path), workdir, devices=8, fast_compile=True)  # compile-bound
     assert proc.returncode == 0, describe(proc)
     out[name] = (_losses(workdir), metric_rows(workdir, "eval"))
   (dp, dp_eval), (mp, mp_eval) = out["data"], out["data_model"]

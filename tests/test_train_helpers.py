@@ -46,8 +46,13 @@ def write_config(directory: str) -> str:
 
 def run_train(config_path: str, workdir: str, *overrides: str, devices: int = 1,
               cache_dir: str | None = None, timeout: int = 900,
-              module: str = "experiments.train") -> subprocess.CompletedProcess:
-  """`python -m <module> --config <path> --workdir <workdir> <overrides>`."""
+              module: str = "experiments.train",
+              fast_compile: bool = False) -> subprocess.CompletedProcess:
+  """`python -m <module> --config <path> --workdir <workdir> <overrides>`.
+
+  fast_compile: compile with most XLA optimisations off (as `tests.conftest.fast_compile`),
+  for compile-bound runs.
+  """
   env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env["JAX_PLATFORMS"] = "cpu"
@@ -57,6 +62,8 @@ def run_train(config_path: str, workdir: str, *overrides: str, devices: int = 1,
     env.update(JAX_COMPILATION_CACHE_DIR=cache_dir,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  if fast_compile:
+    env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
   cmd = [sys.executable, "-m", module, f"--config={config_path}",
          f"--workdir={workdir}", *overrides]
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
