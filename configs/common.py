@@ -140,7 +140,7 @@ def audit_reader_config(data: ml_collections.ConfigDict, family: str, tiny: bool
   evaluation D−), one run instead of a grid, plain task loss."""
   from configs import smoke  # pylint: disable=import-outside-toplevel  (smoke imports this module)
   from ceu_jax.data import tasks  # pylint: disable=import-outside-toplevel
-  c = smoke.get_config("tiny" if tiny else None)
+  c = smoke.get_config("tiny" if tiny else "full,world=plain")   # data replaced below
   del c["grid"], c["sweep"]            # one cell, not a grid
   c.data = data
   c.model.family = family

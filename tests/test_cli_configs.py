@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from ceu_jax import cli
@@ -141,3 +142,16 @@ def test_entry_point_errors_are_one_line_exit_1(tmp_path):
   proc = _run("--config=configs/atr_insert.py:tiny", f"--workdir={w}", "--config.cer.alpha=1.5",
               "--verbosity=1")
   assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+
+
+def test_audit_readers_keep_their_training_world_when_the_main_job_moves():
+  """The answer-presence readers train in the plain smoke world (ρ 0.3, η 0, 1,000 steps:
+  the README's tables); the trace / mediator readers replace the data section."""
+  from configs import answer_presence  # pylint: disable=g-import-not-at-top
+  ap = answer_presence._train_config(False, None)  # pylint: disable=protected-access
+  assert (ap.data.rho, ap.data.eta, ap.train.num_steps) == (0.3, 0.0, 1000)
+  assert "sweep" not in ap and "grid" not in ap
+  data = ml_collections.ConfigDict(dict(task="atr_chain"))
+  rc = common.audit_reader_config(data, "ssm", False, 4000)
+  assert rc.data.to_dict() == {"task": "atr_chain"} and rc.train.num_steps == 4000
+  assert (rc.train.batch_size, rc.train.learning_rate, rc.train.warmup_steps) == (32, 3e-3, 50)
