@@ -26,7 +26,7 @@ import jax.numpy as jnp
 FAMILIES: tuple[str, ...] = ("attention", "ssm", "memory_port")
 RETRIEVAL_LAYERS: tuple[str, ...] = ("last", "all")
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-SCAN_IMPLS: tuple[str, ...] = ("fused", "associative", "sequential")
+SCAN_IMPLS: tuple[str, ...] = ("auto", "fused", "associative", "sequential")
 BOS_ID = 1  # "[BOS]" in ceu_jax.data.vocab.SPECIALS
 
 # Reference sizes used to match parameter counts (the ATR vocabulary 20 + 4 x 64).
@@ -62,7 +62,7 @@ class ArchSpec:
   ssm_conv: int = 4
   mixer_width: int = 7          # taps of the depthwise causal LocalMixer (reader + encoders)
   ssm_reset_at_passages: bool = True
-  scan_impl: str = "fused"
+  scan_impl: str = "auto"
   # memory_port: slots per passage, slot width, pooling / read heads (mem_dim % mem_heads == 0).
   mem_slots: int = 1
   mem_dim: int = 64

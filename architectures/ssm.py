@@ -8,7 +8,9 @@ Shape legend (einsum letters):
 Recurrence (per channel c and state index s, diagonal):
   h_j = A_j ⊙ h_{j-1} + B_j x_j,   A_j = exp(Δ_j · A),  B_j x_j = Δ_j · B_j · x_j,
 with input-dependent (selective) Δ_j, B_j. `scan_impl` picks how the
-recurrence runs: 'fused' (the default) is one `lax.scan` whose step builds A_j
+recurrence runs: 'auto' (the default) is 'fused' on CPU and 'associative' on an
+accelerator (a step-by-step scan there costs one loop iteration per position);
+'fused' is one `lax.scan` whose step builds A_j
 and B_j x_j from the [b,l,c] / [b,l,s] factors (no [b,l,c,s] gate tensor is
 materialised; an encoder block's scan emits only its readout [b,l,c]), the
 unmasked read keeps the states at passage ends, and span-masked reads (probes) go through
@@ -81,11 +83,18 @@ def sequential_scan(a: jax.Array, b: jax.Array, reverse: bool = False) -> jax.Ar
   return jnp.moveaxis(hs, 0, 1)
 
 
+def resolve_scan_impl(impl: str) -> str:
+  """'auto' -> 'fused' on the CPU backend, else 'associative'; other values unchanged."""
+  if impl != "auto":
+    return impl
+  return "fused" if jax.default_backend() == "cpu" else "associative"
+
+
 def run_scan(a: jax.Array, b: jax.Array, impl: str, reverse: bool = False) -> jax.Array:
   """All states of the recurrence over materialised gates: the parallel associative
   scan for impl 'associative', else `lax.scan` ('fused' and 'sequential'; on CPU the
   step-by-step scan is the faster of the two at these lengths)."""
-  scan = associative_scan if impl == "associative" else sequential_scan
+  scan = associative_scan if resolve_scan_impl(impl) == "associative" else sequential_scan
   return scan(a, b, reverse)
 
 
@@ -213,7 +222,7 @@ class MambaBlock(nn.Module):
     c_out = layers.dense(s.ssm_state, ("mlp", "state"), "c", jnp.float32)(u)
     d_skip = self.param("d_skip", layers.logical(nn.initializers.ones, ("mlp",)),
                         (s.ssm_inner,))
-    if s.scan_impl == "fused":
+    if resolve_scan_impl(s.scan_impl) == "fused":
       y = gates.scan_readout(c_out)                                       # [b,l,c]
     else:
       h = run_scan(*gates.expand(), s.scan_impl)                          # [b,l,c,s]
@@ -355,7 +364,7 @@ class SSMRetrieval(ReadPort):
     states at passage ends; masked reads (probes) use the per-token contributions,
     which the engine computes once for all probes."""
     s = self.spec
-    if span_mask is None and s.scan_impl == "fused":
+    if span_mask is None and resolve_scan_impl(s.scan_impl) == "fused":
       ends = passage_end_onehot(memory.passage_ids, s.num_passages)         # [b,p,n]
       return self.read_gates(memory).scan_states_at(jnp.moveaxis(ends, 1, 2))
     return self.contributions(memory).states(span_mask)

@@ -88,9 +88,16 @@ def _other_loops(hlo: str) -> list[str]:
 
 # 1. Compiler cost ---------------------------------------------------------------
 
+# The accelerator's scan (what scan_impl 'auto' picks off the CPU): XLA's cost analysis
+# counts a while loop's body once, so the CPU's step-by-step 'fused' scan would hide
+# the ssm's per-position work.
+ACCELERATOR_MODEL = dict(scan_impl="associative")
+
+
 def cell_config(preset: str, family: str, n: int, regularizer: str, k: int = 2):
   c = paper.get_config()
   c.model.preset, c.model.family, c.data.context_len = preset, family, n
+  c.model.overrides = dict(c.model.get("overrides", None) or {}, **ACCELERATOR_MODEL)
   c.cer.regularizer, c.cer.k = regularizer, k
   c.train.batch_size = COST_BATCH
   return c
@@ -134,7 +141,8 @@ def train_step_cost(config) -> dict:
 
 def _spec(preset: str, family: str, n: int):
   d = tasks.data_config(paper.get_config().data)
-  return architectures.build_model(dict(family=family, preset=preset), vocab_size=d.vocab.size,
+  return architectures.build_model(dict(family=family, preset=preset,
+                                        overrides=ACCELERATOR_MODEL), vocab_size=d.vocab.size,
                                    context_len=n, num_passages=d.num_passages,
                                    query_len=d.query_len, answer_len=d.target_len)
 
@@ -242,6 +250,8 @@ def cell_cost(c, step_cost, fwd_cost) -> dict:
   batch = int(c.train.batch_size)
   c = copy.deepcopy(c)
   c.train.batch_size = COST_BATCH
+  with c.model.unlocked():
+    c.model.overrides = dict(c.model.get("overrides", None) or {}, **ACCELERATOR_MODEL)
   sc = step_cost(c)
   steps, every = int(c.train.num_steps), int(c.train.eval_every)
   evals = (steps // every + (steps % every != 0)) if every else 0

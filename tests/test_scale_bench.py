@@ -16,8 +16,8 @@ from benchmarks import scale_bench as sb
 @pytest.mark.parametrize("family", architectures.FAMILIES)
 def test_analytic_forward_flops_match_the_compiler_within_2x(family):
   model = architectures.build_model(
-      dict(family=family, preset="p100k"), vocab_size=60, context_len=64, num_passages=4,
-      query_len=5, answer_len=2)
+      dict(family=family, preset="p100k", overrides=sb.ACCELERATOR_MODEL), vocab_size=60,
+      context_len=64, num_passages=4, query_len=5, answer_len=2)
   params = jax.eval_shape(lambda: architectures.init_params(model, jax.random.PRNGKey(0)))
   x = jax.eval_shape(lambda: architectures.dummy_inputs(model.spec, 4))
   compiled = jax.jit(model.apply).lower(params, *x).compile(sb.COST_ONLY)
