@@ -17,6 +17,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_FIELDS = ('wall_s_this_run', 'reader_items_this_run')  # differ between a run and its resume
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
 def _same(a, b):
   strip = lambda s: {k: v for k, v in s.items() if k not in RUN_FIELDS}  # noqa: E731
   return json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)

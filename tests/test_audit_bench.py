@@ -1,9 +1,18 @@
 """Smoke run of benchmarks/audit_bench.py on a tiny model (seconds)."""
 import jax
 import jax.numpy as jnp
+import pytest
 
 from benchmarks import audit_bench as ab
 from ceu_jax import engine
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
 
 
 def _setup(family="attention"):

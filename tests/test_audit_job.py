@@ -15,6 +15,14 @@ from ceu_jax.train import load_trained_params, train_and_evaluate
 from configs import atr_insert
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
 def micro_config():
   c = atr_insert.get_config("tiny,context_len=64,steps=3")
   c.data.num_passages = 4

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.flatten_util import ravel_pytree
 
 from ceu_jax import engine
@@ -18,6 +19,14 @@ try:
   from tests.test_engine_toys import make
 except ImportError:  # tests/ not a package
   from test_engine_toys import make
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
 
 
 def test_unclipped_ceu_gradients_match_finite_differences():

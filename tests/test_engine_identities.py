@@ -24,6 +24,14 @@ TOL = 1e-5
 SITE = Site("block_1/retrieval")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
 def _identity_logliks(port):
   """Everything the identities need, in one compiled call."""
   _, v, clean, corrupt, ll, _ = toy(port)

@@ -31,6 +31,15 @@ V, D, H, L, B = 11, 16, 2, 7, 3
 
 # ----------------------------------------------- an ordinary linen transformer
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
 class Block(nn.Module):
   """Pre-LN block with a stock attention layer (nothing written for the engine)."""
 

@@ -13,6 +13,14 @@ from ceu_jax.train import config as config_lib
 from ceu_jax.train import loop
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """Compile-bound tests: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
+
 def _micro_config():
   c = configs.factqa.get_config("tiny")
   c.data.context_len = 128

@@ -18,6 +18,15 @@ from ceu_jax.likelihood import gold_loglik
 from ceu_jax.train import losses
 
 B = 8
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+  """These tests are compile-bound: compile with most XLA optimisations off."""
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  with fast_compile():
+    yield
+
 MODEL_CFG = dict(family="attention", preset="p100k", overrides=dict(
     embed_dim=16, reader_mlp_dim=32, enc_mlp_dim=32, read_heads=2, read_head_dim=8,
     reader_heads=2, reader_layers=1))
@@ -133,14 +142,15 @@ def test_numerator_grad_path_matches_manual_stop_gradient():
     ev = jnp.where(valid, jnp.maximum(cfg.alpha - (li - lm) / jnp.maximum(gap, cfg.eps), 0), 0)
     return (-lp + cfg.lambda_ev * ev).mean()
 
-  got = jax.grad(lambda p: losses.cer_loss(p, model, site, clean, corrupt,
-                                           jax.random.PRNGKey(7), cfg)[0])(params)
-  want = jax.grad(manual)(params)
+  # Each gradient is one jitted program (op by op, they compiled hundreds of tiny ones).
+  got = jax.jit(jax.grad(lambda p: losses.cer_loss(p, model, site, clean, corrupt,
+                                                   jax.random.PRNGKey(7), cfg)[0]))(params)
+  want = jax.jit(jax.grad(manual))(params)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
-  all_path = jax.grad(lambda p: losses.cer_loss(
+  all_path = jax.jit(jax.grad(lambda p: losses.cer_loss(
       p, model, site, clean, corrupt, jax.random.PRNGKey(7),
-      dataclasses.replace(cfg, grad_path="all"))[0])(params)
+      dataclasses.replace(cfg, grad_path="all"))[0]))(params)
   diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(all_path),
                                                          jax.tree.leaves(got)))
   assert diff > 1e-6     # 'all' also differentiates the recording and the denominator
