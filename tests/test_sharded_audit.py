@@ -83,13 +83,16 @@ SCRIPT = textwrap.dedent('''
     assert jax.device_count() == 8
     root = sys.argv[1]
     logs = {}
+    jax.config.update("jax_disable_most_optimizations", True)  # compile-bound, as in the test
     for kind in ("data", "data_model"):
       lines = []
       audit_job.run_audit(mesh_config(kind), f"{root}/{kind}", data_dir=f"{root}/evalsets",
                           log=lines.append)
       logs[kind] = lines
+    jax.config.update("jax_disable_most_optimizations", False)
 
-    # Memory per device of the engine's compiled audit (temporaries), batch 64.
+    # Memory per device of the engine's compiled audit (temporaries), batch 64: XLA's
+    # optimised programs, as a user compiles them.
     config = mesh_config("data")
     task = task_lib.build_task(config)
     b = task.audited
@@ -121,16 +124,20 @@ SCRIPT = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory):
   """One checkpoint (4 training steps), audited on 1 device here and on 8 in a
-  subprocess (two meshes), each in its own copy of the workdir."""
+  subprocess (two meshes), each in its own copy of the workdir. Training and audits are
+  compile-bound: compiled with most XLA optimisations off, here and there alike."""
   from ceu_jax import audit_job  # pylint: disable=g-import-not-at-top
   from ceu_jax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("sharded_audit")
   trained = str(root / "trained")
-  train_and_evaluate(micro_config(), trained)
+  with fast_compile():
+    train_and_evaluate(micro_config(), trained)
   for kind in ("one", "data", "data_model"):
     shutil.copytree(trained, root / kind)
-  audit_job.run_audit(micro_config(), str(root / "one"), data_dir=str(root / "evalsets"),
-                      log=lambda s: None)
+  with fast_compile():
+    audit_job.run_audit(micro_config(), str(root / "one"), data_dir=str(root / "evalsets"),
+                        log=lambda s: None)
   script = root / "audit8.py"
   script.write_text(SCRIPT)
   proc = subprocess.run([sys.executable, str(script), str(root)], cwd=REPO, env=env_for(8),
