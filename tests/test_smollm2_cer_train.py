@@ -29,7 +29,7 @@ EXIT_PREEMPTED, EXIT_DIVERGED = 75, 65
 
 def _run(ref, workdir, *overrides):
   return run_train(CONFIG, workdir, '--eval=none', *overrides, cache_dir=ref['cache'],
-                   module=MODULE)
+                   module=MODULE, fast_compile=True)  # compile-bound; all runs alike
 
 
 @pytest.fixture(scope='module')

@@ -7,14 +7,19 @@ state and metrics (CPU).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 
 import pytest
 
+from tests import test_train_helpers
 from tests.test_train_helpers import (assert_trees_equal, checkpoint_steps, describe, load_state,
-                                metric_rows, run_train, status, write_config)
+                                metric_rows, status, write_config)
+
+# Every run compiles with most XLA optimisations off (compile-bound; all runs alike).
+run_train = functools.partial(test_train_helpers.run_train, fast_compile=True)
 
 EXIT_PREEMPTED, EXIT_DIVERGED = 75, 65
 
