@@ -78,7 +78,8 @@ def test_memorisable_flags_the_pairs_whose_answer_never_varies(atr_data):
       assert len(answers[q]) > 1, (q, answers[q])    # values has chance 16^-5
   assert abs(mem.mean() - 0.5) < 0.05, mem.mean()
   strata = atr.strata(cfg, b)
-  assert set(strata) == {"memorised", "evidence_only"}
+  assert set(strata) == {"memorised", "evidence_only", "no_evidence"}
+  np.testing.assert_array_equal(strata["no_evidence"], ~b.has_evidence)
   np.testing.assert_array_equal(strata["memorised"], mem & b.has_evidence)
   np.testing.assert_array_equal(strata["evidence_only"], ~mem & b.has_evidence)
   assert not atr.memorisable(_cfg("value_for_key", 0.0), b.query).any()

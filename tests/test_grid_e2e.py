@@ -40,7 +40,8 @@ def test_tiny_smoke_grid_runs_and_reports_strata(tmp_path):
   assert len(rows) == 2 * 2                          # clean + δ = 0.9 per cell
   for r in rows:                                     # the shortcut world's strata
     n_mem, n_ev = int(r["em_memorised_n"]), int(r["em_evidence_only_n"])
-    assert 0 < n_mem and n_mem + n_ev <= 32
+    n_none = int(r["em_no_evidence_n"] or 0)
+    assert 0 < n_mem and n_mem + n_ev + n_none == 32
     assert 0.0 <= float(r["degenerate"]) <= 1.0
   text = open(out["report"]).read()
   assert "## Accurate, but is the evidence used?" in text

@@ -118,6 +118,7 @@ def test_strata_metrics_equal_numpy_on_the_subsets():
     rows[f"delta_{probe}"] = rows[f"L_int_{probe}"] - L_minus
   rows["stratum_memorised"] = has_ev & mem
   rows["stratum_evidence_only"] = has_ev & ~mem
+  rows["stratum_no_evidence"] = ~has_ev
   settings = auditor_lib.AuditSettings(batch_size=64, chunk_size=16, eps=1e-3,
                                        num_resamples=200)
   row, _ = cell.summarize_condition(rows, settings)
@@ -135,6 +136,8 @@ def test_strata_metrics_equal_numpy_on_the_subsets():
     assert row[f"degenerate_{name}"] == pytest.approx(rows["degenerate"][m].mean())
     assert row[f"em_{name}_lo"] <= row[f"em_{name}"] <= row[f"em_{name}_hi"]
   np.testing.assert_allclose(row["em"], rows["correct"].mean(), rtol=1e-12)
+  np.testing.assert_allclose(row["em_no_evidence"], rows["correct"][~has_ev].mean(), rtol=1e-12)
+  assert row["supported_0.5_no_evidence"] == 0.0 and "degenerate_no_evidence" not in row
 
 
 def test_report_shows_accuracy_beside_evidence_use_per_stratum(tmp_path):

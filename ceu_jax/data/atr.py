@@ -153,11 +153,12 @@ def memorisable(cfg: ATRConfig, query) -> np.ndarray:
 def strata(cfg: ATRConfig, batch) -> dict[str, np.ndarray]:
   """Named [B] masks the grid reports separately (SPEC §6 H1): examples whose D+ holds
   the evidence and whose answer the ρ prior fixes ('memorised'), or does not
-  ('evidence_only'). Empty without a prior."""
+  ('evidence_only'), and examples without the evidence ('no_evidence'). Empty
+  without a prior."""
   if cfg.rho == 0.0 or cfg.variant != "value_for_key":
     return {}
   mem, ev = memorisable(cfg, batch.query), np.asarray(batch.has_evidence)
-  return {"memorised": ev & mem, "evidence_only": ev & ~mem}
+  return {"memorised": ev & mem, "evidence_only": ev & ~mem, "no_evidence": ~ev}
 
 
 def overlap_tokens(cfg: ATRConfig, q_id, q_key, q_vals):

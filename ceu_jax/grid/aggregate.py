@@ -26,7 +26,7 @@ from ceu_jax.grid import runner
 # Strata of a task's examples (ceu_jax.data.tasks.TaskSpec.strata; ATR-insert with a ρ
 # prior: evidence present and the answer memorisable, or not) and the metrics each
 # gets, as <metric>_<stratum> columns.
-STRATA = ("memorised", "evidence_only")
+STRATA = ("memorised", "evidence_only", "no_evidence")
 STRATUM_METRICS = ("em", "ceu_ev", "supported_0.5", "degenerate")
 METRICS = ("em", "nll", "ceu_ev", "ceu_dis", "ceu_control", "delta_L", "delta_ev", "delta_dis",
            "supported_0.25", "supported_0.5", "supported_0.75", "degenerate") + tuple(

@@ -324,7 +324,8 @@ def settings_table(agg: Sequence[dict], varying: Sequence[str] = (),
 
 
 STRATUM_TEXT = {"memorised": "evidence present, answer memorisable (ρ prior)",
-                "evidence_only": "evidence present, answer not memorisable"}
+                "evidence_only": "evidence present, answer not memorisable",
+                "no_evidence": "the evidence is missing (η): EM only, nothing to use"}
 
 
 def strata_table(agg: Sequence[dict], varying: Sequence[str] = ()) -> str | None:
@@ -340,8 +341,10 @@ def strata_table(agg: Sequence[dict], varying: Sequence[str] = ()) -> str | None
   extra = _extra(varying)
   cols = [("em", "EM"), ("supported_0.5", "supported"), ("degenerate", "degenerate")]
   for s in strata:
-    cols += [(f"em_{s}", f"EM [{s}]"), (f"supported_0.5_{s}", f"supported [{s}]"),
-             (f"degenerate_{s}", f"degenerate [{s}]"), (f"ceu_ev_{s}", f"CEU_ev (n) [{s}]")]
+    cols += [(f"em_{s}", f"EM [{s}]")]
+    if s != "no_evidence":               # no span to restore: no CEU, never supported
+      cols += [(f"supported_0.5_{s}", f"supported [{s}]"),
+               (f"degenerate_{s}", f"degenerate [{s}]"), (f"ceu_ev_{s}", f"CEU_ev (n) [{s}]")]
   head = ("| architecture | regulariser | " + "".join(f"{k.split('.')[-1]} | " for k in extra)
           + "seeds | " + " | ".join(name for _, name in cols) + " |")
   lines = [head, "|" + "---|" * (3 + len(extra) + len(cols))]
