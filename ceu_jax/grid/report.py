@@ -77,36 +77,61 @@ def _distinct(values) -> list[float]:
   return sorted({v for v in (_num(x) for x in values) if np.isfinite(v)})
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def series_styles(rows: Sequence[dict], label: Callable[[dict], str]) -> dict[str, dict]:
+  """label -> matplotlib style: colour by architecture, marker and line style by the
+  rest of the setting (regulariser, swept fields), so a series is told apart by two cues."""
+  families = sorted({str(r.get(FAMILY)) for r in rows})
+  rests = sorted({label(r).split(" / ", 1)[-1] for r in rows})
+  out = {}
+  for r in rows:
+    i = rests.index(label(r).split(" / ", 1)[-1])
+    out[label(r)] = dict(color=f"C{families.index(str(r.get(FAMILY))) % 10}",
+                         marker=MARKERS[i % len(MARKERS)], ls=LINESTYLES[i % len(LINESTYLES)])
+  return out
+
+
 def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = "",
             label: Callable[[dict], str] = series_label, band: str = "95% CI") -> list[str]:
   """Metric vs a test-time knob, one line per setting, bands from <m>_lo/<m>_hi (`band`
-  says what they are: the seed spread for seeds.by_setting rows). Raises Skipped when
-  the grid tests a single value of the knob."""
+  says what they are: the seed spread for seeds.by_setting rows); colour = architecture,
+  marker and line style = the rest of the setting; one legend below the panels, outside
+  the axes. Raises Skipped when the grid tests a single value of the knob."""
   rows = _shift_rows(rows, x)
   xs_all = _distinct(r.get(x) for r in rows if np.isfinite(_num(r.get(metrics[0]))))
   if len(xs_all) < 2:
     raise Skipped(f"{XLABEL[x].split(' (')[0]} takes {len(xs_all)} value(s) "
                   f"{[float(v) for v in xs_all]} in this grid: nothing to plot against")
-  fig = Figure(figsize=(5.2 * len(metrics), 4.0))
+  styles = series_styles(rows, label)
+  groups = _group(rows, lambda r: (label(r),))
+  legend_rows = -(-len(groups) // 3)
+  fig = Figure(figsize=(5.2 * len(metrics), 4.0 + 0.22 * legend_rows))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+  handles = {}
   for ax, metric in zip(axes, metrics):
-    for (name,), series in _group(rows, lambda r: (label(r),)).items():
+    for (name,), series in groups.items():
       pts = sorted((_num(r.get(x)), _num(r.get(metric)), _num(r.get(f"{metric}_lo")),
                     _num(r.get(f"{metric}_hi"))) for r in series)
       pts = [p for p in pts if np.isfinite(p[0]) and np.isfinite(p[1])]
       if not pts:
         continue
       xs, ys, lo, hi = map(np.asarray, zip(*pts))
-      line, = ax.plot(xs, ys, marker="o", label=name)
-      ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+      st = styles[name]
+      line, = ax.plot(xs, ys, marker=st["marker"], ls=st["ls"], color=st["color"], ms=5,
+                      label=name)
+      ax.fill_between(xs, lo, hi, color=st["color"], alpha=0.10)
+      handles.setdefault(name, line)
     ax.set_xlabel(XLABEL[x])
     ax.set_ylabel(UNITS.get(metric, metric))
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{metric} vs {x.replace('_test', '')} (sweep of {XLABEL[x].split(' (')[0]})"
                  f"\nbands: {band}", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
+  fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=7,
+             frameon=False)
+  fig.tight_layout(rect=(0, 0.06 * legend_rows / (1 + 0.06 * legend_rows) + 0.02, 1, 1))
   return plotting.save_figure(fig, stem)
 
 
