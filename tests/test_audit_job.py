@@ -6,6 +6,7 @@ condition), which is what `experiments.grid` runs for every cell.
 import csv
 import json
 import os
+import shutil
 
 import pytest
 
@@ -84,10 +85,10 @@ def test_stale_parts_from_other_params_are_discarded(trained, tmp_path):
   assert any("discarding its parts" in line for line in logs)
 
 
-def test_audit_of_a_run_stopped_early_warns_and_records_the_step(tmp_path):
-  config = micro_config()
-  workdir = str(tmp_path / "run")
-  train_and_evaluate(config, workdir)
+def test_audit_of_a_run_stopped_early_warns_and_records_the_step(trained, tmp_path):
+  config, trained_dir = trained
+  workdir = str(tmp_path / "run")   # a copy of the module's micro run (same config), unaudited
+  shutil.copytree(trained_dir, workdir, ignore=shutil.ignore_patterns("audit"))
   status = os.path.join(workdir, "status.json")
   st = json.load(open(status))
   st.update(status="preempted", step=4)
