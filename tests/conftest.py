@@ -48,6 +48,14 @@ def fast_compile() -> Iterator[None]:
     jax.config.update("jax_disable_most_optimizations", old)
 
 
+@pytest.fixture
+def fast_compiled() -> Iterator[None]:
+  """The test compiles with most XLA optimisations off (`fast_compile`): for compile-bound
+  tests in modules where other tests are not."""
+  with fast_compile():
+    yield
+
+
 def to_numpy(batch: RetrievalBatch) -> RetrievalBatch:
   return jax.tree.map(np.asarray, batch)
 

@@ -25,6 +25,10 @@ from configs import smollm2_cer
 _WHY = gguf_loader.is_available()
 needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
 
+# The toy-model tests are compile-bound: they compile with most XLA optimisations off
+# (the tests on the real SmolLM2 are not, and keep XLA's optimisations).
+toy_fast_compile = pytest.mark.usefixtures('fast_compiled')
+
 TOY = SmolLMConfig(vocab_size=61, width=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
                    mlp_width=48, max_len=64)
 
@@ -66,6 +70,7 @@ def _toy_batch(seed=0, b=3, t=14, n_ans=2):
 # ---------------------------------------------------------------- LoRA
 
 
+@toy_fast_compile
 def test_adapter_shapes_and_zero_init():
   lc = L.LoRAConfig(rank=4, targets=('q_proj', 'down_proj'))
   ad = L.init_adapters(jax.random.PRNGKey(0), TOY, lc)
@@ -78,6 +83,7 @@ def test_adapter_shapes_and_zero_init():
   assert L.num_params(ad) == TOY.n_layers * (4 * (32 + 32) + 4 * (48 + 32))
 
 
+@toy_fast_compile
 def test_merge_matches_closed_form():
   lc = L.LoRAConfig(rank=2, alpha=3.0)
   base = _base()
@@ -93,6 +99,7 @@ def test_merge_matches_closed_form():
   np.testing.assert_array_equal(p['embed']['embedding'], base['embed']['embedding'])
 
 
+@toy_fast_compile
 def test_zero_adapters_reproduce_base_logits_toy():
   lc = L.LoRAConfig(rank=4)
   base = _base()
@@ -132,6 +139,7 @@ def test_full_finetune_trains_every_parameter():
 # ---------------------------------------------------------------- CER: tail vs full
 
 
+@toy_fast_compile
 @pytest.mark.parametrize('grad_path,layers', [
     ('all', (1,)),
     pytest.param('all', (0, 2), marks=pytest.mark.slow),
@@ -162,6 +170,7 @@ def test_tail_path_equals_full_recompute_with_gradients(grad_path, layers):
     assert diff <= 1e-5 * max(1.0, scale), (layer, diff, scale)
 
 
+@toy_fast_compile
 def test_tail_intervened_logliks_equal_engine_per_probe():
   """L_int [Q, B] itself (no loss around it), every layer, against the engine."""
   base = _base()
@@ -182,6 +191,7 @@ def test_tail_intervened_logliks_equal_engine_per_probe():
     np.testing.assert_allclose(tail, full, rtol=1e-5, atol=1e-5)
 
 
+@toy_fast_compile
 def test_plain_objective_is_the_answer_nll():
   lc = L.LoRAConfig(rank=2)
   base = _base()
