@@ -110,3 +110,33 @@ def _pad_to(batch: RetrievalBatch, size: int) -> RetrievalBatch:
   if rows == size:
     return batch
   return jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[-1:], size - rows, 0)]), batch)
+
+
+# Seconds per module in a full run (2 workers on a shared, loaded 2-core machine; only the
+# order matters). With `--dist loadfile` (pyproject addopts) a module runs on one worker, so
+# its module fixtures are computed once; modules are sent longest first, so that no long
+# module starts last while the other worker idles. Unlisted modules (seconds each) keep
+# their collection order, after these.
+MODULE_SECONDS = {
+    "test_sharding_live.py": 200, "test_smollm2_cer_train.py": 170, "test_train_resume.py": 160,
+    "test_multiprocess.py": 140, "test_ssm_closed_form.py": 140, "test_sharded_audit.py": 135,
+    "test_decode.py": 130, "test_mediator_job.py": 125, "test_architectures.py": 105,
+    "test_smollm2_cer.py": 95, "test_losses_cer.py": 95, "test_grid_e2e.py": 90,
+    "test_audit_job.py": 90, "test_pretrained.py": 90, "test_bounds.py": 80,
+    "test_answer_presence_job.py": 80, "test_engine_api.py": 70, "test_train_sharding.py": 70,
+    "test_audit_bench.py": 70, "test_factqa_train.py": 65, "test_architectures_training.py": 60,
+    "test_trace_job.py": 60, "test_train_provenance.py": 60, "test_trace_text.py": 55,
+    "test_architectures_shared.py": 50, "test_engine_ports.py": 45, "test_readers.py": 40,
+    "test_memory_blocked.py": 35, "test_chain_task.py": 30, "test_scale_bench.py": 25,
+    "test_corruptions_surface.py": 20, "test_corruptions_properties.py": 20,
+    "test_engine_chunk_bench.py": 20, "test_grid_hosts.py": 20, "test_engine_identities.py": 20,
+    "test_factqa.py": 20, "test_answer_presence_atr.py": 20, "test_atr_stream.py": 15,
+    "test_pretrained_audit.py": 15, "test_atr_prior.py": 15, "test_atr_properties.py": 15,
+    "test_cli_configs.py": 15, "test_engine_grad.py": 10, "test_grid_driver.py": 10,
+}
+
+
+def pytest_collection_modifyitems(session, config, items):
+  """Longest modules first (stable: the order within a module is kept)."""
+  del session, config
+  items.sort(key=lambda item: -MODULE_SECONDS.get(item.nodeid.split("::")[0].split("/")[-1], 0))
