@@ -257,7 +257,7 @@ def _fast_vs_reference(config, variables, bp, bm, probes, layers, atol):
 @needs_model
 @pytest.mark.parametrize('n_layers,layers', [
     (4, (0, 2, 3)), pytest.param(8, (0, 4, 7), marks=pytest.mark.slow, id='8_layers')])
-def test_fast_patch_matches_engine_float64(lm, n_layers, layers):
+def test_fast_patch_matches_engine_float64(lm, n_layers, layers, fast_compiled):
   """Exactness of the fast path on the first layers in float64 (float32
   rounding cannot hide a bug); test_pretrained_slow checks all 30 in float32."""
   import jax
