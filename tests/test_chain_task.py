@@ -142,12 +142,12 @@ def test_answer_probe_on_a_bypass_model_marks_the_answer_position():
   assert model.spec.reader_len == cfg.context_len + cfg.query_len + cfg.answer_len
   items = [x for x in chain.make_items(cfg, 12, seed=5) if x.hops == 2][:3]
   plus = trace_probe._inputs(cfg, items, [x.context for x in items])
-  variables = model.init(jax.random.PRNGKey(0), *(np.asarray(a) for a in (
-      plus.query, plus.context, plus.passage_ids, plus.answer)))
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), *(np.asarray(a) for a in (
+      plus.query, plus.context, plus.passage_ids, plus.answer)))    # one program, not op by op
   out = trace_probe.answer_probe(model, variables, architectures.read_port_site(tc.model), cfg,
                                  items, eps=1e-9)
   want = trace_probe._inputs(cfg, items, [trace_probe.rebind_first_hop(x) for x in items])
-  slot = trace_probe.position_probe.slot_loglik_fn(model, [1])
+  slot = jax.jit(trace_probe.position_probe.slot_loglik_fn(model, [1]))
   ref = np.asarray(slot(variables, plus)) - np.asarray(slot(variables, want))
   np.testing.assert_allclose(out['by_hops']['2']['delta_L']['value'], ref.mean(), rtol=1e-5,
                              atol=1e-6)

@@ -73,13 +73,15 @@ def test_decision_probe_delta_matches_direct_forward(tool):
   cfg = bundle.data_cfg
   model = bundle.model
   plus = checklist.generate_batch(cfg, 0, 0, 6, 'test')
-  variables = model.init(jax.random.PRNGKey(0), *plus.model_inputs())
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), *plus.model_inputs())  # one program
   out = mediator_probe.decision_probe(model, variables, bundle.site, cfg, 6, eps=1e-6)
   minus = checklist.corrupt(cfg, plus, 'value_swap', jax.random.PRNGKey(mediator_probe.CORRUPT_SEED))
   slots = mediator_probe.decision_slots(cfg)
 
+  forward = jax.jit(model.apply)  # the plain forward, one program (not op by op)
+
   def ll(b):  # slow reference: a Python loop over slots of the plain forward
-    logits = np.asarray(model.apply(variables, *b.model_inputs()), np.float64)
+    logits = np.asarray(forward(variables, *b.model_inputs()), np.float64)
     ans = np.asarray(b.answer)
     tot = np.zeros(ans.shape[0])
     for s in slots:

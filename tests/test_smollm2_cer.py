@@ -34,7 +34,8 @@ TOY = SmolLMConfig(vocab_size=61, width=32, n_layers=3, n_heads=4, n_kv_heads=2,
 
 
 def _base(config=TOY, seed=0):
-  return SmolLM(config).init(jax.random.PRNGKey(seed), jnp.ones((1, 8), jnp.int32))['params']
+  init = jax.jit(SmolLM(config).init)  # one program, not op by op
+  return init(jax.random.PRNGKey(seed), jnp.ones((1, 8), jnp.int32))['params']
 
 
 def _nonzero(adapters, seed=3, scale=0.1):
