@@ -124,3 +124,12 @@ def test_tiny_trained_reader_and_answer_probe(tmp_path):
   s2 = trace_job.run_trace_sensitivity(c, w, log=logs.append)
   assert not any(x.startswith('training') for x in logs)
   assert s2['probes'] == s['probes'] and s2['readers'] == s['readers']
+
+
+def test_rho_plot_panels_group_trained_readers_by_family_untrained_first():
+  readers = {'attention/plain': {}, 'following': {}, 'ssm/prior': {}, 'attention/bypass': {},
+             'ignoring': {}}
+  panels = trace_job._panels(readers)
+  assert list(panels) == ['readers', 'attention', 'ssm']
+  assert panels['readers'] == [('following', 'following'), ('ignoring', 'ignoring')]
+  assert panels['attention'] == [('plain', 'attention/plain'), ('bypass', 'attention/bypass')]

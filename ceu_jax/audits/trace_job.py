@@ -242,29 +242,52 @@ def _csv(path: str, rows: Sequence[dict]) -> None:
   io.write_text_atomic(path, buf.getvalue())
 
 
+def _panels(readers: dict) -> dict:
+  """Readers grouped into plot panels: trained 'family/regime' readers by family, the
+  others (oracles, a pretrained reader) together."""
+  panels: dict = {}
+  for r in readers:
+    family, _, regime = r.partition('/')
+    panels.setdefault(family if regime else 'readers', []).append((regime or r, r))
+  return dict(sorted(panels.items(), key=lambda kv: kv[0] != 'readers'))  # untrained first
+
+
 def rho_by_length_figure(readers: dict, stem: str) -> list[str]:
-  """ρ (95% CI) against trace length, one line per reader × domain."""
-  fig = Figure(figsize=(5.0, 3.4))
-  ax = fig.add_subplot(1, 1, 1)
-  for r, s in readers.items():
-    for d, cells in s['by_domain_len'].items():
-      pts = [(int(L), c['rho']) for L, c in cells.items() if c['rho']['value'] is not None]
-      if not pts:
-        continue
-      pts.sort()
-      xs = [p[0] for p in pts]
-      ys = [p[1]['value'] for p in pts]
-      lo = [p[1]['value'] - p[1]['ci_low'] for p in pts]
-      hi = [p[1]['ci_high'] - p[1]['value'] for p in pts]
-      ax.errorbar(xs, ys, yerr=[lo, hi], marker='o', capsize=3, label=f'{r} / {d}')
-  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  ax.set_xlabel('trace length (steps)')
-  ax.set_ylabel('violation density ρ')
-  ax.set_ylim(-0.05, 1.05)
-  if ax.get_legend_handles_labels()[1]:
-    ax.legend(fontsize=7, loc='center right')
-  else:
-    ax.text(0.5, 0.5, 'no parsed trace', ha='center', transform=ax.transAxes)
+  """ρ (95% CI) against trace length: one panel per family (oracles together), colour =
+  reader / regime, line style = domain, points nudged apart so the CIs do not overlap."""
+  panels = _panels(readers)
+  domains = list(dict.fromkeys(d for s in readers.values() for d in s['by_domain_len']))
+  styles = ('-', '--', ':', '-.')
+  fig = Figure(figsize=(max(3.4 * len(panels), 5.0), 3.9))
+  axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+  for ax, (title, members) in zip(axes, panels.items()):
+    n_lines = len(members) * len(domains)
+    for i, (label, r) in enumerate(members):
+      for j, d in enumerate(domains):
+        cells = readers[r]['by_domain_len'].get(d, {})
+        pts = sorted((int(L), c['rho']) for L, c in cells.items()
+                     if c['rho']['value'] is not None)
+        if not pts:
+          continue
+        nudge = 0.05 * ((i * len(domains) + j) - (n_lines - 1) / 2)
+        ys = [p[1]['value'] for p in pts]
+        ax.errorbar([p[0] + nudge for p in pts], ys,
+                    yerr=[[y - p[1]['ci_low'] for y, p in zip(ys, pts)],
+                          [p[1]['ci_high'] - y for y, p in zip(ys, pts)]],
+                    color=f'C{i}', linestyle=styles[j % len(styles)], marker='o', ms=3.5,
+                    capsize=2, lw=1.2, label=f'{label} / {d}' if len(domains) > 1 else label)
+    ax.set_title(title, fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel('trace length (steps)')
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[1]:
+      ax.legend(fontsize=6, loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=2,
+                frameon=False)
+    else:
+      ax.text(0.5, 0.5, 'no parsed trace', ha='center', transform=ax.transAxes)
+  axes[0].set_ylabel('violation density ρ')
+  fig.suptitle('ρ by trace length (95% CI; colour: reader, line: domain)', fontsize=9)
   fig.tight_layout()
   return plotting.save_figure(fig, stem)
 
