@@ -56,6 +56,14 @@ def fast_compiled() -> Iterator[None]:
     yield
 
 
+@pytest.fixture(scope="module")
+def fast_compiled_module() -> Iterator[None]:
+  """Every test of the module compiles with most XLA optimisations off (`fast_compile`):
+  `pytestmark = pytest.mark.usefixtures("fast_compiled_module")` in compile-bound modules."""
+  with fast_compile():
+    yield
+
+
 def to_numpy(batch: RetrievalBatch) -> RetrievalBatch:
   return jax.tree.map(np.asarray, batch)
 

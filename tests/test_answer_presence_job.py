@@ -17,12 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_FIELDS = ('wall_s_this_run', 'reader_items_this_run')  # differ between a run and its resume
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 def _same(a, b):

@@ -15,12 +15,7 @@ import architectures
 from architectures import ssm
 from architectures.spec import PRESETS
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """These tests are compile-bound: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 SIZES = dict(vocab_size=60, context_len=32, num_passages=4, query_len=5, answer_len=2)

@@ -24,12 +24,7 @@ from architectures.spec import make_spec
 from tests import _architectures_pre14 as pre14
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 SIZES = dict(vocab_size=50, context_len=24, num_passages=3, query_len=4, answer_len=2)

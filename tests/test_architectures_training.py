@@ -12,12 +12,7 @@ import pytest
 import architectures
 from tests import arch_training
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """These tests are compile-bound: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 # Steps that reached >= 95% EM (one CPU core, lr 3e-3, batch 64; see the README).

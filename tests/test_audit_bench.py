@@ -7,12 +7,7 @@ from benchmarks import audit_bench as ab
 from ceu_jax import engine
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 def _setup(family="attention"):

@@ -12,12 +12,7 @@ from configs import trace_sensitivity as tsc
 CFG = chain.ChainConfig.from_config(tsc.data_section())  # the audited world (prior share 0.5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 def _table(context, vocab):

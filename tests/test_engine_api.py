@@ -26,12 +26,7 @@ SITE0 = Site("block_0/retrieval")         # the site of the one-layer toys
 B, N, T, PORTS = 3, 8, 5, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 def _span_probes(seed, k=3):

@@ -4,12 +4,7 @@ import pytest
 from benchmarks import engine_chunk_bench as bench
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 def test_chunk_bench_runs_and_prints_one_target_per_model(capsys):

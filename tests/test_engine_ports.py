@@ -32,12 +32,7 @@ V, D, H, L, B = 11, 16, 2, 7, 3
 # ----------------------------------------------- an ordinary linen transformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 class Block(nn.Module):

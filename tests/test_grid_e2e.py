@@ -21,12 +21,7 @@ def micro_smoke(steps: int = 2):
   return c
 
 
-@pytest.fixture(autouse=True)
-def _fast_compile():
-  """Compile-bound: most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled")  # compile-bound: most XLA optimisations off
 
 
 def test_tiny_smoke_grid_runs_and_reports_strata(tmp_path):

@@ -20,12 +20,7 @@ from ceu_jax.train import losses
 B = 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """These tests are compile-bound: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 MODEL_CFG = dict(family="attention", preset="p100k", overrides=dict(
     embed_dim=16, reader_mlp_dim=32, enc_mlp_dim=32, read_heads=2, read_head_dim=8,

@@ -28,12 +28,7 @@ OVERRIDES = dict(embed_dim=16, enc_mlp_dim=24, reader_mlp_dim=24, reader_heads=2
 SITE = "reader/block_1/retrieval"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,12 +22,7 @@ SIZES = dict(vocab_size=60, context_len=32, num_passages=4, query_len=5, answer_
 B = 6
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _fast_compile():
-  """Compile-bound tests: most XLA optimisations off (both sides of every check alike)."""
-  from tests.conftest import fast_compile
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 def _inputs(seed=0, batch=B):

@@ -24,12 +24,7 @@ from ceu_jax import engine
 from ceu_jax.retrieval_adapter import ModelInputs, loglik_fn_for as make_loglik_fn
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 # ------------------------------------------------------------------ references

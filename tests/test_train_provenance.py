@@ -29,12 +29,7 @@ SMALL = dict(embed_dim=16, reader_mlp_dim=32, enc_mlp_dim=32, reader_heads=2, re
              read_heads=2, read_head_dim=8, mem_dim=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  """Compile-bound tests: compile with most XLA optimisations off."""
-  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
-  with fast_compile():
-    yield
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 def _micro(c, steps: int):
