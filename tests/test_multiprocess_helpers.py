@@ -30,7 +30,12 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def env_for(devices: int, cache_dir: str | None = None, **extra: str) -> dict:
+def env_for(devices: int, cache_dir: str | None = None, fast_compile: bool = False,
+            **extra: str) -> dict:
+  """The environment of a test subprocess: this repo importable, CPU with `devices` fake
+  devices, no inherited cluster variables, JAX's persistent cache in `cache_dir` (every
+  program cached), most XLA optimisations off if `fast_compile` (compile-bound runs, as
+  `tests.conftest.fast_compile`), then `extra`."""
   env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env["JAX_PLATFORMS"] = "cpu"
@@ -42,6 +47,8 @@ def env_for(devices: int, cache_dir: str | None = None, **extra: str) -> dict:
     env.update(JAX_COMPILATION_CACHE_DIR=cache_dir,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  if fast_compile:
+    env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
   env.update(extra)
   return env
 
@@ -52,7 +59,6 @@ def launch(argv: list[str], log_dir: str, *, processes: int = 2, devices: int = 
   """Run `python <argv> --coordinator_address=localhost:<port> --num_processes=N
   --process_id=i` for i < N; returns each process's outcome (rc -9 if killed at the
   timeout). fast_compile: most XLA optimisations off (compile-bound runs)."""
-  extra = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"} if fast_compile else {}
   port = free_port()
   os.makedirs(log_dir, exist_ok=True)
   procs, files = [], []
@@ -62,7 +68,7 @@ def launch(argv: list[str], log_dir: str, *, processes: int = 2, devices: int = 
     files.append((out, err))
     cmd = [sys.executable, *argv, f"--coordinator_address=localhost:{port}",
            f"--num_processes={processes}", f"--process_id={i}"]
-    procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_for(devices, cache_dir, **extra),
+    procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_for(devices, cache_dir, fast_compile),
                                   stdout=out, stderr=err))
   deadline = time.time() + timeout
   for p in procs:

@@ -14,6 +14,8 @@ import textwrap
 
 import numpy as np
 
+from tests.test_multiprocess_helpers import env_for
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY_CONFIG = textwrap.dedent('''
@@ -53,17 +55,7 @@ def run_train(config_path: str, workdir: str, *overrides: str, devices: int = 1,
   fast_compile: compile with most XLA optimisations off (as `tests.conftest.fast_compile`),
   for compile-bound runs.
   """
-  env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  env["JAX_PLATFORMS"] = "cpu"
-  env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={devices}"
-                      if devices > 1 else "")
-  if cache_dir:
-    env.update(JAX_COMPILATION_CACHE_DIR=cache_dir,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  if fast_compile:
-    env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+  env = env_for(devices, cache_dir, fast_compile)
   cmd = [sys.executable, "-m", module, f"--config={config_path}",
          f"--workdir={workdir}", *overrides]
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
