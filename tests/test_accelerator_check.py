@@ -1,0 +1,74 @@
+"""benchmarks/accelerator_check.py: the paper-grid hours from step times (against a
+hand count of configs/paper.py's cells), and the whole check in its tiny form on the
+CPU (every section runs and prints its numbers)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import accelerator_check as ac
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+H100 = os.path.join(ROOT, "docs", "accelerator", "h100_2026-11-26")
+
+
+def _log(family: str, n: int, plain: float, k1: float, k2: float) -> list[str]:
+  return [f"device: gpu x1; model {family}/p400k bypass=False; batch 128; context {n}",
+          "compiled plain in 1.0 s", "variant    ms/step  ratio  (median of 3 rounds x 20 steps)",
+          f"plain {plain:10.2f}   1.00", f"cer_k1 {k1:10.2f}   3.00  (SPEC ~3 forwards vs 1)",
+          f"cer_k2 {k2:10.2f}   4.00  (SPEC ~4 forwards vs 1)"]
+
+
+def test_grid_hours_equal_a_hand_count_of_the_paper_cells():
+  # configs/paper.py main: per family 3 η x 3 δ x 2 n x 3 seeds = 54 cells of each of the
+  # 6 regulariser settings: 1 plain, 3 evidence (k = 1), 2 evidence + distractor (k = 2).
+  times = {"attention": (1.0, 3.0, 5.0), "ssm": (2.0, 7.0, 11.0), "memory_port": (4.0, 6.0, 8.0)}
+  lines = [l for f, t in times.items() for l in _log(f, 512, *t)]
+  lines += _log("ssm", 256, 100.0, 100.0, 100.0)        # a shorter context: not used
+  out = ac.grid_hours(lines)
+  expect = {f: 20000 * 54 * (p + 3 * e + 2 * d) / 3.6e6 for f, (p, e, d) in times.items()}
+  for family, hours in expect.items():
+    line = next(l for l in out if l.strip().startswith(family))
+    assert f"{hours:8,.1f} h" in line
+  assert f"{sum(expect.values()):,.0f} device-hours" in out[0]
+  assert "972 cells x 20000 steps" in out[0]
+
+
+def test_grid_hours_need_every_family_and_step_kind():
+  assert ac.grid_hours(_log("attention", 512, 1, 2, 3)) == []
+  partial = _log("ssm", 512, 1, 2, 3)[:4] + _log("attention", 512, 1, 2, 3) + _log(
+      "memory_port", 512, 1, 2, 3)
+  assert ac.grid_hours(partial) == []
+
+
+def test_the_readme_h100_hours_come_from_the_committed_logs(capsys):
+  logs = ",".join(os.path.join(H100, f) for f in ("run1_train.log", "run2_train_mp.log"))
+  ac.main(["--from_log", logs])
+  out = capsys.readouterr().out
+  assert "195 device-hours" in out
+  assert "ssm             153.0 h" in out
+
+
+def test_unknown_section_is_refused_naming_the_choices(capsys):
+  with pytest.raises(SystemExit):
+    ac.main(["--sections", "backend,trian"])
+  assert "unknown ['trian']" in capsys.readouterr().err
+
+
+def test_tiny_check_runs_every_section_on_the_cpu(tmp_path):
+  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", JAX_PLATFORMS="cpu")
+  p = subprocess.run([sys.executable, "-m", "benchmarks.accelerator_check", "--tiny",
+                      "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=600, check=False)
+  out = p.stdout
+  assert p.returncode == 0, out[-3000:] + p.stderr[-3000:]
+  for name in ac.SECTIONS:
+    assert f"SECTION {name} ok" in out, out[-3000:]
+    assert (tmp_path / f"{name}.log").exists()
+  assert "backend cpu" in out
+  assert "TARGET cer_k3_step_ratio" in out and "TARGET decode_speedup" in out
+  assert "cell wall" in out and "audit_bench: preset=p100k" in out
+  assert "TARGET accelerator_check_sections_ok 5 >= 5 PASS" in out
