@@ -92,7 +92,7 @@ def backend_section(tiny: bool) -> None:
   stats = getattr(d, "memory_stats", lambda: None)()
   if stats and "bytes_limit" in stats:
     print(f"device memory: {stats['bytes_limit'] / 2**30:.1f} GiB usable by JAX")
-  n = 256 if tiny else 8192
+  n = 256 if tiny else (1024 if jax.default_backend() == "cpu" else 8192)
   for dtype in (jnp.float32, jnp.bfloat16):
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
     f = jax.jit(lambda x: x @ x)
