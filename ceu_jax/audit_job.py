@@ -4,15 +4,16 @@ The rows come from the one `Auditor` (`ceu_jax.auditor`) on the device mesh of
 `config.sharding`, as in training: each eval batch split over the axes the
 logical 'batch' axis maps to, the parameters laid out as training lays them out
 (replicated under pure data parallelism, split under model-parallel rules),
-the model traced under the mesh and its logical axis rules. This module adds
-what a job needs around it: resumable parts on disk, examples.csv,
-summary.json and histograms. Layout under `out_dir` (W/audit by default):
-  parts/fingerprint.json      what the parts were computed from (checkpoint digest,
-                              eval-set identity, site, settings); parts of another
-                              fingerprint are discarded, never mixed
-  parts/<corruption>/<i>.npz  finished batch i (written atomically)
+the model traced under the mesh and its logical axis rules. This module is the
+audit's job on the one job contract (`ceu_jax.jobs`). Layout under W/audit:
+  job.json                    the fingerprint: what the units were computed from
+                              (checkpoint digest, eval-set identity, site, settings);
+                              an audit of another fingerprint moves the earlier one
+                              to W/audit/previous/<time>/ (never mixed, never deleted)
+  units/<corruption>_<i>.npz  finished batch i (written atomically)
   examples.csv                one row per (corruption, example)
-  summary.json                {settings: fingerprint, corruptions: {name: summary}}
+  summary.json                {settings: fingerprint, train_run, config_changes,
+                               corruptions: {name: summary}, produced_by}
   plots/ceu_hist_<corruption>.{png,pdf}
 """
 from __future__ import annotations
@@ -21,15 +22,14 @@ import contextlib
 import csv
 import io as _io
 import os
-import shutil
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping
 
 import flax.linen as nn
 import jax
 import numpy as np
 from matplotlib.figure import Figure
 
-from ceu_jax import io, plotting
+from ceu_jax import io, jobs, plotting
 from ceu_jax import workdir as workdir_lib
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.auditor import (AuditedModel, Auditor, AuditSettings, Rows, audited_model,
@@ -50,36 +50,65 @@ def default_data_dir() -> str:
       os.path.expanduser("~"), ".cache", "ceu_jax", "evalsets")
 
 
-class DiskParts:
-  """Finished batches as parts/<corruption>/<i>.npz, valid for one fingerprint."""
+class AuditJob(jobs.Job):
+  """The audit of one checkpoint on the one job contract, in W/audit: a unit is one
+  batch of the fixed eval set under one corruption (W/audit/units/<corruption>_<i>.npz).
 
-  def __init__(self, out_dir: str, fingerprint: Mapping[str, Any], log=print):
-    self.root = os.path.join(out_dir, "parts")
-    path = os.path.join(self.root, "fingerprint.json")
-    if os.path.exists(path) and io.read_json(path) != fingerprint:
-      log(f"[audit] {path} describes another checkpoint / eval set / setting; "
-          "discarding its parts")
-      shutil.rmtree(self.root)
-    if not os.path.exists(path):
-      io.write_json_atomic(path, dict(fingerprint))
+  Its record is the fingerprint (`fingerprint`): a later audit of another checkpoint,
+  eval set or setting moves the earlier audit to W/audit/previous/<time>/ (nothing
+  is deleted, nothing is mixed)."""
+  name = "audit"
+  unit_format = "npz"
+  mismatch = "move_aside"
 
-  def _path(self, corruption: str, index: int) -> str:
-    return os.path.join(self.root, corruption, f"{index:05d}.npz")
+  def __init__(self, bundle: AuditedModel, settings: AuditSettings, variables: Any,
+               data: evalsets.FixedEvalSet, *, batch_sharding: Any = None,
+               produced_by: Mapping[str, Any] | None = None, fingerprint_: dict | None = None):
+    super().__init__(fingerprint_ or fingerprint(bundle, settings, variables, data))
+    if batch_sharding is not None:       # once, not per batch
+      variables = placement.place_variables(variables, placement.check(batch_sharding))
+    self.bundle, self.settings, self.variables, self.data = bundle, settings, variables, data
+    self.auditor = Auditor(bundle, settings, batch_sharding=batch_sharding)
+    self.produced_by = dict(produced_by or {})
 
-  def get(self, corruption: str, index: int) -> Optional[Rows]:
-    path = self._path(corruption, index)
-    if not os.path.exists(path):
-      return None
-    with np.load(path) as part:
-      return {k: part[k] for k in part.files}
+  def plan(self, ctx):
+    n, size = self.data.num_examples, self.settings.batch_size
+    return [jobs.Unit(f"{c}_{i:05d}", (c, i, start)) for c in self.data.corruptions
+            for i, start in enumerate(range(0, n, size))]
 
-  def put(self, corruption: str, index: int, rows: Rows) -> None:
-    io.write_atomic(self._path(corruption, index), lambda f: np.savez(f, **rows))
+  def run_unit(self, ctx, spec):
+    corruption, _, start = spec
+    take = lambda t: jax.tree.map(lambda x: x[start:start + self.settings.batch_size], t)
+    return self.auditor.batch_rows(self.variables, take(self.data.clean),
+                                   take(self.data.corrupt[corruption]), corruption)
+
+  def describe_unit(self, spec, result):
+    corruption, _, start = spec
+    return (f"{corruption}: {min(start + self.settings.batch_size, self.data.num_examples)}/"
+            f"{self.data.num_examples} examples")
+
+  def rows(self, results) -> dict[str, Rows]:
+    out = {}
+    for c in self.data.corruptions:
+      got = [results[u.key] for u in self.plan(None) if u.spec[0] == c]
+      out[c] = {k: np.concatenate([g[k] for g in got]) for k in got[0]}
+    return out
+
+  def summarize(self, ctx, results):
+    self.last_rows = self.rows(results)     # audit_rows returns them
+    return dict(settings=dict(self.config), **self.produced_by,
+                corruptions=self.auditor.summarize(self.last_rows))
+
+  def write(self, ctx, results, summary):
+    rows = self.last_rows
+    ctx.write_text("examples.csv", examples_csv(rows))
+    if ctx.primary:
+      plot_histograms(rows, ctx.path("plots"))
 
 
 def fingerprint(bundle: AuditedModel, settings: AuditSettings, variables: Any,
                 data: evalsets.FixedEvalSet) -> dict:
-  """What an audit's rows depend on (JSON)."""
+  """What an audit's rows depend on (JSON); `variables` host-local (numpy)."""
   return dict(site=str(bundle.site), approximate_span=bundle.approximate,
               params_digest=evalsets.digest(variables), eval_set=dict(data.identity),
               batch_size=settings.batch_size, chunk_size=settings.chunk_size,
@@ -88,18 +117,20 @@ def fingerprint(bundle: AuditedModel, settings: AuditSettings, variables: Any,
 
 def audit_rows(bundle: AuditedModel, settings: AuditSettings, variables: Any,
                data: evalsets.FixedEvalSet, out_dir: str, *, batch_sharding: Any = None,
-               log=print) -> tuple[dict[str, Rows], dict]:
-  """(rows per corruption, fingerprint), resumable through parts under out_dir.
+               host_variables: Any = None, log=print) -> tuple[dict[str, Rows], dict]:
+  """(rows per corruption, fingerprint), resumable in `out_dir` (the job contract).
   `batch_sharding` splits each batch over a mesh (`Auditor`); the caller enters the
-  mesh context (`on_mesh`)."""
-  os.makedirs(out_dir, exist_ok=True)
-  fp = fingerprint(bundle, settings, variables, data)
+  mesh context (`on_mesh`); `host_variables`: the same variables as host numpy (the
+  fingerprint's digest; default `variables`)."""
   if bundle.approximate:
     log(f"[audit] WARNING: the read port {bundle.site} has an approximate span "
         "decomposition; span CEU values are approximate")
-  auditor = Auditor(bundle, settings, batch_sharding=batch_sharding)
-  rows = auditor.rows(variables, data, parts=DiskParts(out_dir, fp, log), log=log)
-  return rows, fp
+  fp = fingerprint(bundle, settings, variables if host_variables is None else host_variables,
+                   data)
+  job = AuditJob(bundle, settings, variables, data, batch_sharding=batch_sharding,
+                 fingerprint_=fp)
+  jobs.run_job(job, out_dir, log=log)
+  return job.last_rows, fp
 
 
 @contextlib.contextmanager
@@ -130,36 +161,45 @@ def run_audit(config, workdir: str, *, data_dir: str | None = None,
   config W was trained with; `ceu_jax.workdir.resolve_config`): a model field that
   differs, or a training field not in `allow_config_change`, raises
   WorkdirConfigError naming each; `use_workdir_config` audits with W's own config
-  (then `config` may be None). A second audit of one workdir is refused while one
-  runs (WorkdirLocked). Nothing in W outside W/audit/ is written or moved.
+  (then `config` may be None). The audit itself is a job on the one job contract
+  in W/audit (`AuditJob`): a second audit of one workdir is refused while one runs
+  (WorkdirLocked), an audit of another checkpoint or setting moves the earlier one
+  to W/audit/previous/. Nothing in W outside W/audit/ is written or moved.
   summary.json records the checkpoint step audited, whether training completed
   (`train_run`), the eval set's identity and every declared config change.
   """
   from ceu_jax.train import config as train_config, load_checkpoint
+  if config is not None and not use_workdir_config:
+    train_config.validate(config)            # bad values first, named
+  if not os.path.isdir(workdir):
+    raise workdir_lib.WorkdirError(f"{workdir} does not exist: give the workdir of a "
+                                   "training run (experiments.train --workdir)")
   config, changes = workdir_lib.resolve_config(
       config, workdir, use_workdir_config=use_workdir_config, allow=allow_config_change,
       log=log)
   train_config.validate(config)
-  with workdir_lib.WorkdirLock(workdir, "audit"):
-    loaded = load_checkpoint(config, workdir)
-    run = dict(loaded.run, checkpoint_step=loaded.step)
-    log(f"[audit] {workdir}: checkpoint step {loaded.step} of {run['num_steps']}, "
-        f"training status {run['status']!r}")
-    if not run["completed"]:
-      log(f"[audit] WARNING: {run['warning']}; auditing step {loaded.step}")
-    bundle = audited_model(config)
-    settings = AuditSettings.of_config(config)
-    data = eval_set(config, data_dir=data_dir or default_data_dir())
-    out_dir = os.path.join(workdir, "audit")
-    with on_mesh(config, bundle, loaded.variables) as (variables, batch_sharding):
-      log(f"[audit] mesh {dict(batch_sharding.mesh.shape)}: each batch of "
-          f"{settings.batch_size} split {placement.num_shards(batch_sharding)} ways")
-      rows, fp = audit_rows(bundle, settings, variables, data, out_dir,
-                            batch_sharding=batch_sharding, log=log)
-    produced_by = dict(train_run=_jsonable(run), config_changes=[
-        dict(field=f, old=o, new=n, kind=k) for f, o, n, k in changes])
-    return write_outputs(out_dir, rows, Auditor(bundle, settings).summarize(rows), fp,
-                         produced_by=produced_by)
+  loaded = load_checkpoint(config, workdir)
+  run = dict(loaded.run, checkpoint_step=loaded.step)
+  log(f"[audit] {workdir}: checkpoint step {loaded.step} of {run['num_steps']}, "
+      f"training status {run['status']!r}")
+  if not run["completed"]:
+    log(f"[audit] WARNING: {run['warning']}; auditing step {loaded.step}")
+  bundle = audited_model(config)
+  settings = AuditSettings.of_config(config)
+  data = eval_set(config, data_dir=data_dir or default_data_dir())
+  if bundle.approximate:
+    log(f"[audit] WARNING: the read port {bundle.site} has an approximate span "
+        "decomposition; span CEU values are approximate")
+  produced_by = dict(train_run=_jsonable(run), config_changes=[
+      dict(field=f, old=o, new=n, kind=k) for f, o, n, k in changes])
+  fp = fingerprint(bundle, settings, loaded.variables, data)   # host-local numpy
+  with on_mesh(config, bundle, loaded.variables) as (variables, batch_sharding):
+    log(f"[audit] mesh {dict(batch_sharding.mesh.shape)}: each batch of "
+        f"{settings.batch_size} split {placement.num_shards(batch_sharding)} ways")
+    job = AuditJob(bundle, settings, variables, data, batch_sharding=batch_sharding,
+                   produced_by=produced_by, fingerprint_=fp)
+    summary = jobs.run_job(job, os.path.join(workdir, "audit"), log=log)
+  return {k: v for k, v in summary.items() if k != "produced_by"}
 
 
 def _jsonable(run: Mapping[str, Any]) -> dict:

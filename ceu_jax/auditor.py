@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import zlib
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
 import jax
@@ -148,12 +148,6 @@ def eval_set(config: Any, *, data_cfg: Any = None,
       corruptions=tuple(e.corruptions), data_dir=data_dir)
 
 
-class PartStore(Protocol):
-  """Where finished batches are kept (the audit job's resumable parts on disk)."""
-  def get(self, corruption: str, index: int) -> Optional[Rows]: ...
-  def put(self, corruption: str, index: int, rows: Rows) -> None: ...
-
-
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
 def _probes_and_correct(model, variables, clean: RetrievalBatch, corrupt: RetrievalBatch,
                         key: jax.Array, k: int, host_sharding=None):
@@ -214,13 +208,13 @@ class Auditor:
     return {k: np.asarray(v) for k, v in rows.items()}
 
   def rows(self, variables: Any, data: evalsets.FixedEvalSet, *,
-           parts: PartStore | None = None, log: Callable[[str], None] | None = None,
+           log: Callable[[str], None] | None = None,
            log_every_s: float = 0.0) -> dict[str, Rows]:
     """{corruption: rows} over the whole eval set, batch by batch.
 
-    `parts` keeps finished batches (resume); `log` receives progress lines (elapsed,
-    ETA): after every batch, or at most one per `log_every_s` seconds plus the last
-    batch of each corruption."""
+    `log` receives progress lines (elapsed, ETA): after every batch, or at most one
+    per `log_every_s` seconds plus the last batch of each corruption. The resumable
+    version is the audit job (`ceu_jax.audit_job.AuditJob`, one unit per batch)."""
     size, n = self.settings.batch_size, data.num_examples
     if self.batch_sharding is not None:    # once, not per batch
       variables = placement.place_variables(variables, self.batch_sharding)
@@ -229,15 +223,10 @@ class Auditor:
     last_line = 0.0
     for c_index, corruption in enumerate(data.corruptions):
       got = []
-      for index, start in enumerate(range(0, n, size)):
-        batch = parts.get(corruption, index) if parts is not None else None
-        if batch is None:
-          take = lambda t: jax.tree.map(lambda x: x[start:start + size], t)
-          batch = self.batch_rows(variables, take(data.clean), take(data.corrupt[corruption]),
-                                  corruption)
-          if parts is not None:
-            parts.put(corruption, index, batch)
-        got.append(batch)
+      for start in range(0, n, size):
+        take = lambda t: jax.tree.map(lambda x: x[start:start + size], t)
+        got.append(self.batch_rows(variables, take(data.clean), take(data.corrupt[corruption]),
+                                   corruption))
         done = min(start + size, n)
         prog.update(c_index * n + done)
         if log is not None and (done == n or prog.elapsed() - last_line >= log_every_s):

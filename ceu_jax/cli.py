@@ -9,7 +9,8 @@
   not ml_collections' embedded traceback.
 - Known errors — a bad config, an unusable workdir or checkpoint, bad data (the
   project raises ValueError subclasses for these, e.g. `ceu_jax.workdir.WorkdirError`)
-  and missing files — end the program with one line on stderr and exit code 1;
+  and OSError (a missing file, a read-only workdir, a full disk: the message names the
+  path) — end the program with one line on stderr and exit code 1;
   `--verbosity=1` shows the traceback instead.
 """
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any, Callable, Sequence
 
 from absl import app, flags, logging
 
-KNOWN_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                PermissionError)
+KNOWN_ERRORS = (ValueError, OSError)   # OSError: missing files, permissions, a full disk
+                                       # (its message names the path)
 EXIT_ERROR = 1
 
 
@@ -131,15 +132,78 @@ def flag_error_line(e: BaseException) -> str:
   return "error: " + " ".join(msg.split())
 
 
+def _flag_value(argv: Sequence[str], name: str) -> str | None:
+  """The raw value of --name (as --name=v or --name v) among `argv`, else None."""
+  for i, a in enumerate(argv):
+    if a.startswith(f"--{name}="):
+      return a.split("=", 1)[1]
+    if a == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _load_config_file(spec: str):
+  """get_config(arg) of 'path.py[:arg]' (as ml_collections' config flag loads it)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_cli_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _paths(tree: Any, prefix: str = "") -> list[str]:
+  """Every dotted field of a config (sections and leaves)."""
+  out = []
+  for k, v in tree.items():
+    out.append(prefix + k)
+    if hasattr(v, "items"):
+      out += _paths(v, prefix + k + ".")
+  return out
+
+
+def unknown_field_line(argv: Sequence[str]) -> str | None:
+  """'error: --config.train.learning_rat: no such field in configs/x.py:tiny; the nearest
+  known field is train.learning_rate' for the first override of a field the config lacks
+  (None when every override names a field, or the config cannot be loaded)."""
+  import difflib  # pylint: disable=g-import-not-at-top
+  for a in argv:
+    m = re.match(r"--(\w+)\.([\w.]+)(=|$)", a)
+    if not m:
+      continue
+    flag, path = m.group(1), m.group(2)
+    spec = _flag_value(argv, flag)
+    if spec is None:
+      continue
+    try:
+      config = _load_config_file(spec)
+      known = _paths(config)
+    except Exception:  # pylint: disable=broad-except  (any failure: the generic message)
+      continue
+    if path in known:
+      continue
+    leaf = path.rsplit(".", 1)[-1]
+    near = (difflib.get_close_matches(path, known, n=1, cutoff=0.6)
+            or [p for p in known if p.rsplit(".", 1)[-1] in
+                difflib.get_close_matches(leaf, [q.rsplit(".", 1)[-1] for q in known], n=1,
+                                          cutoff=0.6)][:1])
+    hint = f"; the nearest known field is {near[0]}" if near else ""
+    return f"error: --{flag}.{path}: no such field in {spec}{hint}"
+  return None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flags parser for `app.run`: a bad flag or config argument is one line, exit 1."""
+  """absl flags parser for `app.run`: a bad flag or config argument, or an override of a
+  config field that does not exist, is one line, exit 1."""
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:
+  except (flags.Error, AttributeError, KeyError, TypeError) as e:
     if _verbose_argv(argv[1:]):
       raise
-    print(flag_error_line(e) + " (--verbosity=1 shows the traceback)", file=sys.stderr,
-          flush=True)
+    line = unknown_field_line(argv[1:]) or (
+        flag_error_line(e) if isinstance(e, flags.Error) else
+        f"error: {type(e).__name__}: {' '.join(str(e).split())}")
+    print(line + " (--verbosity=1 shows the traceback)", file=sys.stderr, flush=True)
     sys.exit(EXIT_ERROR)
 
 

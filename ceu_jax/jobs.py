@@ -177,6 +177,11 @@ def _plain(obj: Any) -> Any:
   return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
+def _a(name: str) -> str:
+  """'a toy' / 'an answer_presence'."""
+  return ("an " if name[:1].lower() in "aeiou" else "a ") + name
+
+
 def _covered(field: str, free: Iterable[str]) -> bool:
   return any(field == f or field.startswith(f + ".") for f in free)
 
@@ -199,7 +204,7 @@ def check_record(job: Job, workdir: str, *, primary: bool = True, dry: bool = Fa
     if os.path.exists(legacy):
       raise JobMismatchError(
           f"{workdir} holds {legacy} but no {JOB_FILE}: a training run, or a job written by "
-          f"an earlier version of ceu-jax; a {job.name} job needs a workdir of its own "
+          f"an earlier version of ceu-jax; {_a(job.name)} job needs a workdir of its own "
           "(use another --workdir)")
     if primary:
       io.write_json_atomic(path, {"job": job.name, "config": new})
@@ -211,8 +216,8 @@ def check_record(job: Job, workdir: str, *, primary: bool = True, dry: bool = Fa
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise JobError(f"{path} is unreadable ({e}); move it away to continue") from None
   if owner != job.name:
-    raise JobMismatchError(f"{workdir} holds a {owner} run ({path}); this is a {job.name} "
-                           "job: use another --workdir")
+    raise JobMismatchError(f"{workdir} holds {_a(owner)} run ({path}); this is "
+                           f"{_a(job.name)} job: use another --workdir")
   diff = workdir_lib.config_diff(old, new)
   fixed = [d for d in diff if not _covered(d[0], job.free_fields)]
   if fixed and job.mismatch == "move_aside":
@@ -227,7 +232,7 @@ def check_record(job: Job, workdir: str, *, primary: bool = True, dry: bool = Fa
     return "moved"
   if fixed:
     raise JobConfigError(
-        f"{workdir} holds a {job.name} run of another config: {_fmt_fields(fixed)}. Its "
+        f"{workdir} holds {_a(job.name)} run of another config: {_fmt_fields(fixed)}. Its "
         f"finished units belong to that config: use another --workdir (or rerun with the "
         f"config in {path})", fixed)
   if primary:

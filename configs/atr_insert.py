@@ -62,7 +62,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   t.batch_size = 64 if tiny else 128       # global batch (split over the data axis)
   t.num_steps = _or(a.steps, 3000 if tiny else 20000)  # optimiser steps
   t.learning_rate = 1e-3                   # peak learning rate
-  t.warmup_steps = 200 if tiny else 1000   # linear warm-up steps
+  t.warmup_steps = 200 if tiny else 1000   # linear warm-up steps (steps=N: at most N // 10)
+  if a.steps is not None:
+    t.warmup_steps = min(t.warmup_steps, max(1, a.steps // 10))
   t.weight_decay = 0.01                    # AdamW weight decay
   t.grad_clip = 1.0                        # global-norm clipping (0 = off)
   t.log_every = 50                         # steps between metric lines

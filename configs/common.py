@@ -131,29 +131,3 @@ def cer_section(**overrides) -> ml_collections.ConfigDict:
   documented and checked there)."""
   from ceu_jax.train import fields, losses  # pylint: disable=import-outside-toplevel
   return fields.section(losses.LossConfig, **overrides)
-
-
-def audit_reader_config(data: ml_collections.ConfigDict, family: str, tiny: bool,
-                        steps: int, *, bypass: bool = False) -> ml_collections.ConfigDict:
-  """Training config of one audited World A reader (the mediator and trace audits):
-  the smoke grid's baseline cell on `data` (its task's first corruption for the
-  evaluation D−), one run instead of a grid, plain task loss."""
-  from configs import smoke  # pylint: disable=import-outside-toplevel  (smoke imports this module)
-  from ceu_jax.data import tasks  # pylint: disable=import-outside-toplevel
-  c = smoke.get_config("tiny" if tiny else "full,world=plain")   # data replaced below
-  del c["grid"], c["sweep"]            # one cell, not a grid
-  c.data = data
-  c.model.family = family
-  c.model.bypass = bool(bypass)        # early fusion of the retrieved tokens into the reader
-  c.cer.regularizer = "none"           # plain task loss
-  c.cer.lambda_ev = 0.0
-  corruption = tasks.of_config(data).corruptions[0]
-  c.cer.corruption = corruption        # the evaluation D− (CEU metrics of the run's eval)
-  c.eval.corruptions = (corruption,)
-  c.train.num_steps = int(steps)
-  c.train.warmup_steps = min(c.train.warmup_steps, c.train.num_steps)
-  c.train.eval_every = c.train.num_steps
-  c.train.checkpoint_every = min(c.train.checkpoint_every, c.train.num_steps)
-  if tiny:
-    c.eval.num_examples = c.eval.batch_size = 16
-  return c

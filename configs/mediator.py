@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import common
+from configs import common, smoke
 
 VARIANTS = ('tiny', 'full')
 WORLDS = ('atr', 'oracle', 'smollm2')
@@ -48,7 +48,7 @@ def data_section(regime: str = 'plain', tool: bool = False) -> ml_collections.Co
 
 def train_config(family: str, regime: str, tool: bool, tiny: bool, steps=None):
   """Training config of one reader: the smoke grid's baseline cell on the checklist world."""
-  return common.audit_reader_config(data_section(regime, tool), family, tiny,
+  return smoke.audit_reader_config(data_section(regime, tool), family, tiny,
                                     steps or (30 if tiny else 1500))
 
 
@@ -82,11 +82,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       raise ValueError(f'{name} must be a +-joined subset of {allowed}, got {bad[0]!r}')
   x.families = fams                    # reader architectures
   x.regimes = regs                     # training regimes
-  x.steps = a.steps or (30 if tiny else 1500)  # training steps of every reader
   x.batch_size = 256                   # reader rows per forward
   x.probe_items = 64 if tiny else 500  # §8.4 decision-position probe items per reader (0: off)
-  x.data = data_section()              # the world (training: regime / tool set per reader;
-                                       # training config: train_config() below)
+  x.data = data_section()              # the world (training: regime / tool set per reader)
+  x.train = train_config('attention', 'plain', False, tiny, a.steps)  # the readers' training
+                                       # recipe (steps: train.train.num_steps); per reader the
+                                       # job sets model.family and data (= x.data with the
+                                       # reader's regime and tool)
 
   c.smollm2 = b = ml_collections.ConfigDict()  # World B
   b.regimes = ('standard', 'detailed', 'max_detailed')  # prompt regimes (003)

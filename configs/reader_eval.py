@@ -18,15 +18,16 @@ INSTRUCTION = 'Answer with a short phrase.'
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  a = common.parse_arg(arg, variant='full', n_per_source=-1, chat=True, split='',
-                       n_layers=-1, batch_size=-1)
+  a = common.parse_arg(arg, variant='full', n_per_source=common.Opt(int, 1), chat=True,
+                       split=common.Opt(str, choices=('train', 'validation', 'test')),
+                       n_layers=common.Opt(int, 0), batch_size=common.Opt(int, 1))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   tiny = a.variant == 'tiny'
   c = ml_collections.ConfigDict()
   c.variant = a.variant              # tiny | full
   c.split = a.split or 'test'        # factual-QA split: train | validation | test
-  c.n_per_source = a.n_per_source if a.n_per_source > 0 else (4 if tiny else 200)  # items per source
+  c.n_per_source = a.n_per_source or (4 if tiny else 200)  # items per source
   c.seed = 0                         # item order (crc32 of seed and example id)
   c.chat = a.chat                    # ChatML user message (from the GGUF template) vs plain prompt
   c.instruction = INSTRUCTION        # appended to every question ('' : none)
@@ -36,9 +37,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.shot_max_words = 70              # ... and at most this many
   c.max_prompt_tokens = 320 if tiny else 1024  # longer open-book prompts are skipped and listed
   c.max_new_tokens = 4 if tiny else 24  # greedy token budget (stops at a newline / <|im_end|>)
-  c.batch_size = a.batch_size if a.batch_size > 0 else (4 if tiny else 16)  # prompts per compiled call
+  c.batch_size = a.batch_size or (4 if tiny else 16)  # prompts per compiled call
   c.chunk_size = 4 if tiny else 32   # items per resumable chunk
-  c.n_layers = a.n_layers if a.n_layers > 0 else (2 if tiny else 0)  # first N layers (0: all 30)
+  c.n_layers = (2 if tiny else 0) if a.n_layers is None else a.n_layers  # first N layers (0: all 30)
   c.bootstrap_seed = 42              # percentile bootstrap seed (SPEC §8)
   c.num_resamples = 1000             # bootstrap resamples for the 95% CIs
   c.gguf_path = ''                   # GGUF file ('' : $CEU_SMOLLM2_GGUF or the package's)

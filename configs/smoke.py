@@ -54,7 +54,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.train.num_steps = a.steps if a.steps is not None else (20 if tiny else 600)
   c.train.batch_size = 32                               # small steps: 2 CPU cores
   c.train.learning_rate = 3e-3                          # peak LR (fast convergence)
-  c.train.warmup_steps = 5 if tiny else 50
+  c.train.warmup_steps = 5 if tiny else 50              # (steps=N: at most N // 10)
+  if a.steps is not None:
+    c.train.warmup_steps = min(c.train.warmup_steps, max(1, a.steps // 10))
   c.train.eval_every = c.train.num_steps                # one evaluation, at the end
   c.train.checkpoint_every = 10 if tiny else 200
   c.eval.num_examples = 64 if tiny else 256
@@ -90,4 +92,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     sweep.append((("data.rho", tuple(WORLDS[w][0] for w in worlds)),
                    ("data.eta", tuple(WORLDS[w][1] for w in worlds))))
   c.sweep = tuple(sweep)
+  return c
+
+
+def audit_reader_config(data: ml_collections.ConfigDict, family: str, tiny: bool,
+                        steps: int, *, bypass: bool = False) -> ml_collections.ConfigDict:
+  """Training config of one audited World A reader (the mediator and trace audits):
+  the smoke grid's baseline cell on `data` (its task's first corruption for the
+  evaluation D−), one run instead of a grid, plain task loss."""
+  from ceu_jax.data import tasks  # pylint: disable=import-outside-toplevel
+  c = get_config("tiny" if tiny else "full,world=plain")   # data replaced below
+  del c["grid"], c["sweep"]            # one cell, not a grid
+  c.data = data
+  c.model.family = family
+  c.model.bypass = bool(bypass)        # early fusion of the retrieved tokens into the reader
+  c.cer.regularizer = "none"           # plain task loss
+  c.cer.lambda_ev = 0.0
+  corruption = tasks.of_config(data).corruptions[0]
+  c.cer.corruption = corruption        # the evaluation D− (CEU metrics of the run's eval)
+  c.eval.corruptions = (corruption,)
+  c.train.num_steps = int(steps)
+  c.train.warmup_steps = min(c.train.warmup_steps, c.train.num_steps)
+  c.train.eval_every = c.train.num_steps
+  c.train.checkpoint_every = min(c.train.checkpoint_every, c.train.num_steps)
+  if tiny:
+    c.eval.num_examples = c.eval.batch_size = 16
   return c

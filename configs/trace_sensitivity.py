@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import common
+from configs import common, smoke
 
 VARIANTS = ('tiny', 'full')
 WORLDS = ('chain', 'smollm2')
@@ -54,7 +54,7 @@ def data_section(prior_share: float = PRIOR_SHARE) -> ml_collections.ConfigDict:
 def train_config(family: str, regime: str, tiny: bool, steps=None) -> ml_collections.ConfigDict:
   """Training config of one chain reader (the smoke grid's baseline cell on the chain world)."""
   data = data_section(PRIOR_SHARE if regime == 'prior' else 0.0)
-  return common.audit_reader_config(data, family, tiny, steps or (30 if tiny else 1500),
+  return smoke.audit_reader_config(data, family, tiny, steps or (30 if tiny else 1500),
                                     bypass=regime == 'bypass')
 
 
@@ -93,14 +93,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   x.readers = ORACLES if which != 'trained' else ()  # trace oracles audited
   x.families = fams if which != 'oracles' else ()  # trained readers: these families ×
   x.regimes = regs if which != 'oracles' else ()   # these regimes (plain | prior | bypass)
-  x.steps = a.steps or (30 if tiny else 4000)      # training steps of every trained reader (the
-                                                   # chain is learned in a jump after ~1,600)
   x.batch_size = 256                   # reader rows per forward (trained readers)
   x.probe_items = 64 if tiny else 500  # §8.4 answer-position probe items per trained reader (0: off)
   x.mixture_share = 0.5                # mixture oracle: share of items whose answer follows the trace
   x.mixture_seed = 0                   # mixture oracle: seed of the per-item draw
-  x.data = data_section()              # the audited world (prior_share: the 'chain_prior' items);
-                                       # training: train_config() per regime
+  x.data = data_section()              # the audited world (prior_share: the 'chain_prior' items)
+  x.train = train_config('attention', 'plain', tiny, a.steps or (30 if tiny else 4000))
+                                       # the readers' training recipe (steps: train.train.
+                                       # num_steps; the chain is learned in a jump after
+                                       # ~1,600);
+                                       # per reader the job sets model.family, model.bypass
+                                       # (bypass regime) and data (= x.data, prior only in 'prior')
 
   c.smollm2 = s = ml_collections.ConfigDict()  # World B
   s.domains = ('arithmetic', 'factual')  # item domains

@@ -11,7 +11,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from ceu_jax import cli
-from ceu_jax.audits import job
+from ceu_jax.audits.answer_presence import job
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Answer-presence config file.',
                                           lock_config=True)
@@ -31,7 +31,7 @@ def main(argv):
       print(f"{name} {b}: Δcausal {v} (n={d['n']})")
     if r['panel']:
       print(f"{name} sentinel panel: {r['panel']['verdicts']['text']}")
-  print(f"report: {_WORKDIR.value}/report.md ({s['wall_s_this_run']:.0f} s this run)")
+  print(f"report: {_WORKDIR.value}/report.md ({s['produced_by']['wall_s_this_run']:.0f} s this run)")
 
 
 if __name__ == '__main__':

@@ -4,9 +4,10 @@
 Writes W/examples.csv, W/summary.json and W/plots/layer_profile.{png,pdf};
 interrupt and rerun freely (finished batches under W/batches are kept).
 """
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from ceu_jax import cli
 from ceu_jax.pretrained import audit_nq
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Audit config file.',
@@ -35,4 +36,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  cli.run(main)

@@ -12,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from ceu_jax import cli
-from ceu_jax.audits import mediator_job
+from ceu_jax.audits.mediator import job as mediator_job
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Mediator config file.',
                                           lock_config=True)
@@ -28,7 +28,7 @@ def main(argv):
     dd = 'n/a' if d['value'] is None else f"{d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
     print(f"{name}: F_ID {f(x['F_ID'])} F_Strong {f(x['F_Strong'])} Δ {dd} "
           f"(COR {x['n_COR']}, CNF {x['n_CNF']})")
-  print(f"report: {_WORKDIR.value}/report.md ({s['wall_s_this_run']:.0f} s this run)")
+  print(f"report: {_WORKDIR.value}/report.md ({s['produced_by']['wall_s_this_run']:.0f} s this run)")
 
 
 if __name__ == '__main__':

@@ -4,9 +4,10 @@
 Writes W/rows.csv, W/summary.json and W/table.md; interrupt and rerun freely
 (finished chunks under W/chunks are kept).
 """
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from ceu_jax import cli
 from ceu_jax.readers import factqa_eval
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Reader-eval config file.',
@@ -23,4 +24,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  cli.run(main)

@@ -12,8 +12,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from ceu_jax import cli
-from ceu_jax.audits import trace_job
-from ceu_jax.audits import trace_sensitivity as ts
+from ceu_jax.audits.traces import job as trace_job
+from ceu_jax.audits.traces import audit as ts
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Trace-sensitivity config file.',
                                           lock_config=True)
@@ -27,7 +27,7 @@ def main(argv):
     print(f"{name}: φ {ts.fmt(r['all']['phi'])}, ρ {ts.fmt(r['all']['rho'])} "
           f"(n={r['all']['n']}; identity φ {ts.fmt(r['identity']['phi'])}; "
           f"parse failures {r['n_parse_failure']}/{r['n_items']})")
-  print(f"report: {_WORKDIR.value}/report.md ({s['wall_s_this_run']:.0f} s this run)")
+  print(f"report: {_WORKDIR.value}/report.md ({s['produced_by']['wall_s_this_run']:.0f} s this run)")
 
 
 if __name__ == '__main__':

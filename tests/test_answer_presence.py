@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from ceu_jax.audits import answer_presence as ap
-from ceu_jax.audits import sentinels as sp
+from ceu_jax.audits.answer_presence import audit as ap
+from ceu_jax.audits.answer_presence import sentinels as sp
 from ceu_jax.readers.oracles import ClosedBookOracle, CopyOracle, context_of, question_of
 
 _LETTERS = 'bcdefghijlnoprtuvwxyz'  # no letter of '[mask]': a sentinel can never spell a gold
@@ -201,9 +201,9 @@ def test_bad_input_is_counted_never_silent():
 def test_audit_package_never_imports_architectures():
   import subprocess
   import sys
-  code = ('import sys, ceu_jax.audits.answer_presence, ceu_jax.audits.sentinels, ceu_jax.audits.job,'
-          ' ceu_jax.audits.atr_world, ceu_jax.audits.factqa_world, ceu_jax.audits.worlds,'
-          ' ceu_jax.audits.report, ceu_jax.audits.plots;'
+  code = ('import sys, ceu_jax.audits.answer_presence.audit, ceu_jax.audits.answer_presence.sentinels, ceu_jax.audits.answer_presence.job,'
+          ' ceu_jax.audits.answer_presence.atr_world, ceu_jax.audits.answer_presence.factqa_world, ceu_jax.audits.answer_presence.worlds,'
+          ' ceu_jax.audits.answer_presence.report, ceu_jax.audits.answer_presence.plots;'
           'print(sorted(m for m in sys.modules if m.split(".")[0] == "architectures"))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == '[]'

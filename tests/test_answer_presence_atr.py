@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from ceu_jax.audits import answer_presence as ap
-from ceu_jax.audits import atr_world as aw
-from ceu_jax.audits import sentinels as sp
+from ceu_jax.audits.answer_presence import audit as ap
+from ceu_jax.audits.answer_presence import atr_world as aw
+from ceu_jax.audits.answer_presence import sentinels as sp
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.readers.oracles import ClosedBookOracle, CopyOracle, context_of
 

@@ -10,19 +10,20 @@ import sys
 import pytest
 
 from ceu_jax import workdir as workdir_lib
-from ceu_jax.audits import job
+from ceu_jax.audits.answer_presence import job
 from configs import answer_presence as cfg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_FIELDS = ('wall_s_this_run', 'reader_items_this_run')  # differ between a run and its resume
 
 
 pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
 
 def _same(a, b):
-  strip = lambda s: {k: v for k, v in s.items() if k not in RUN_FIELDS}  # noqa: E731
-  return json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
+  """Equal up to what differs between a run and its resume (produced_by's counts, time)."""
+  strip = lambda s: {k: v for k, v in s.items() if k != 'produced_by'}  # noqa: E731
+  return json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True) and (
+      a['produced_by']['config'] == b['produced_by']['config'])
 
 
 def test_generated_tiny_outputs_and_resume(tmp_path):
@@ -40,11 +41,11 @@ def test_generated_tiny_outputs_and_resume(tmp_path):
   scores = list(csv.DictReader(open(os.path.join(w, 'scores.csv'))))
   assert len(scores) == 2 * c.n_records  # B1 and B2
   assert 'Δcausal' in open(os.path.join(w, 'report.md')).read()
-  chunks = sorted(os.listdir(os.path.join(w, 'chunks')))
-  assert len(chunks) == 4
-  os.remove(os.path.join(w, 'chunks', chunks[1]))  # an interrupted run
+  units = sorted(os.listdir(os.path.join(w, 'units')))
+  assert len(units) == 4
+  os.remove(os.path.join(w, 'units', units[1]))  # an interrupted run
   s2 = job.run_answer_presence(c, w, log=lambda m: None)
-  assert _same(s, s2) and s2['reader_items_this_run'] < s['reader_items_this_run']
+  assert _same(s, s2) and s2['produced_by']['units_this_run'] == 1
   assert json.load(open(os.path.join(w, 'summary.json')))['readers'] == s['readers']
 
 
@@ -75,7 +76,8 @@ def test_bad_config_named(tmp_path):
   # another config in a used workdir is refused, naming the field
   w = str(tmp_path / 'w')
   job.run_answer_presence(cfg.get_config('tiny,world=generated'), w, log=lambda m: None)
-  with pytest.raises(workdir_lib.WorkdirConfigError, match='n_records'):
+  with pytest.raises(workdir_lib.WorkdirConfigError,
+                     match=r'holds an answer_presence run of another config: n_records \d+ -> 100\.'):
     job.run_answer_presence(cfg.get_config('tiny,world=generated,n_records=100'), w)
 
 
@@ -88,9 +90,9 @@ def test_cli_tiny(tmp_path):
   assert p.returncode == 0, p.stderr
   assert 'copy sentinel panel: C2a PASS (4/4), C2b PASS' in p.stdout
   assert 'copy B2: Δcausal -100.00 [-100.00, -100.00]' in p.stdout
-  assert sorted(f for f in os.listdir(tmp_path) if f not in ('chunks',)) == [
-      '.answer_presence.lock', 'config.json', 'effects.pdf', 'effects.png', 'panel.pdf',
-      'panel.png', 'report.md', 'rows.csv', 'scores.csv', 'summary.json']
+  assert sorted(f for f in os.listdir(tmp_path) if f not in ('units',)) == [
+      '.job.lock', 'effects.pdf', 'effects.png', 'job.json', 'panel.pdf', 'panel.png',
+      'provenance.json', 'report.md', 'rows.csv', 'scores.csv', 'summary.json']
   p = subprocess.run([sys.executable, '-m', 'experiments.answer_presence',
                       '--config=configs/answer_presence.py:tiny,world=generated,reader=gpt',
                       f'--workdir={tmp_path}/x'],
@@ -125,7 +127,7 @@ def test_world_a_tiny_trains_audits_and_resumes(tmp_path):
                                        'identity'}
   vocab = set(cfg_vocab(c))
   assert all(set(r['answer'].split()) <= vocab for r in rows)  # decoded answer tokens
-  os.remove(os.path.join(w, 'chunks', 'attention_0001.json'))
+  os.remove(os.path.join(w, 'units', 'attention_0001.json'))
   logs.clear()
   s2 = job.run_answer_presence(c, w, log=logs.append)
   assert not any('training' in m for m in logs)  # the trained reader is reused

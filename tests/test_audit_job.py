@@ -57,27 +57,38 @@ def test_audit_writes_rows_summary_plots_and_resumes(trained, tmp_path):
   assert set(ev) == {"value", "ci_low", "ci_high", "n"}
   for name in ("value_swap", "removal"):
     assert os.path.getsize(os.path.join(out, "plots", f"ceu_hist_{name}.png")) > 1000
-  assert any("16/16 examples audited" in line for line in logs)
+  assert any("value_swap: 16/16 examples" in line for line in logs)
   # What produced it: the checkpoint step audited, training completed, the eval set.
   run = on_disk["train_run"]
   assert run["checkpoint_step"] == config.train.num_steps and run["completed"] is True
   assert run["warning"] is None and on_disk["config_changes"] == []
   assert on_disk["settings"]["eval_set"]["seed"] == config.eval.seed
   assert on_disk["settings"]["eval_set"]["num_examples"] == 16
-  # A rerun reuses every finished part: the numbers are identical.
+  # A rerun reuses every finished unit: the numbers are identical.
   again = audit_job.run_audit(config, workdir, data_dir=str(tmp_path), log=lambda s: None)
   assert again == summary
+  assert json.load(open(os.path.join(out, "summary.json")))["produced_by"]["units_this_run"] == 0
 
 
-def test_stale_parts_from_other_params_are_discarded(trained, tmp_path):
-  config, workdir = trained
+def test_an_audit_of_other_params_moves_the_earlier_audit_aside(trained, tmp_path):
+  config, trained_dir = trained
+  workdir = str(tmp_path / "run")
+  shutil.copytree(trained_dir, workdir, ignore=shutil.ignore_patterns("audit"))
   out = os.path.join(workdir, "audit")
-  os.makedirs(os.path.join(out, "parts"), exist_ok=True)
-  with open(os.path.join(out, "parts", "fingerprint.json"), "w") as f:
-    json.dump({"params_digest": "something else"}, f)
+  first = audit_job.run_audit(config, workdir, data_dir=str(tmp_path), log=lambda s: None)
+  job_file = os.path.join(out, "job.json")
+  rec = json.load(open(job_file))
+  rec["config"]["params_digest"] = "something else"     # as if another checkpoint was audited
+  with open(job_file, "w") as f:
+    json.dump(rec, f)
   logs = []
-  audit_job.run_audit(config, workdir, data_dir=str(tmp_path), log=logs.append)
-  assert any("discarding its parts" in line for line in logs)
+  again = audit_job.run_audit(config, workdir, data_dir=str(tmp_path), log=logs.append)
+  assert again == first
+  assert any("held a run of another setting (params_digest 'something else' ->" in line
+             and "moved it to" in line for line in logs)
+  (stamp,) = os.listdir(os.path.join(out, "previous"))
+  assert sorted(os.listdir(os.path.join(out, "previous", stamp, "units"))) == sorted(
+      os.listdir(os.path.join(out, "units")))
 
 
 def test_audit_of_a_run_stopped_early_warns_and_records_the_step(trained, tmp_path):

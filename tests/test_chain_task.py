@@ -3,8 +3,8 @@ import jax
 import numpy as np
 import pytest
 
-from ceu_jax.audits import trace_probe
-from ceu_jax.audits import trace_world as tw
+from ceu_jax.audits.traces import probe as trace_probe
+from ceu_jax.audits.traces import chain_world as tw
 from ceu_jax.data import chain, tasks
 from ceu_jax.data.types import LineKind
 from configs import trace_sensitivity as tsc

@@ -152,6 +152,6 @@ def test_audit_readers_keep_their_training_world_when_the_main_job_moves():
   assert (ap.data.rho, ap.data.eta, ap.train.num_steps) == (0.3, 0.0, 1000)
   assert "sweep" not in ap and "grid" not in ap
   data = ml_collections.ConfigDict(dict(task="atr_chain"))
-  rc = common.audit_reader_config(data, "ssm", False, 4000)
+  rc = smoke.audit_reader_config(data, "ssm", False, 4000)
   assert rc.data.to_dict() == {"task": "atr_chain"} and rc.train.num_steps == 4000
   assert (rc.train.batch_size, rc.train.learning_rate, rc.train.warmup_steps) == (32, 3e-3, 50)

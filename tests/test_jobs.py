@@ -120,7 +120,7 @@ def test_free_field_change_resumes_and_is_recorded(tmp_path):
 def test_another_job_in_the_workdir_is_refused_naming_the_owner(tmp_path):
   w = str(tmp_path / "w")
   jobs.run_job(ToyJob(toy_config()), w, log=lambda m: None)
-  with pytest.raises(jobs.JobMismatchError, match=r"holds a toy run .*this is a other job"):
+  with pytest.raises(jobs.JobMismatchError, match=r"holds a toy run .*this is an other job"):
     jobs.run_job(OtherJob(toy_config()), w, log=lambda m: None)
 
 

@@ -5,8 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from ceu_jax.audits import mediator as md
-from ceu_jax.audits.checklist_world import ChecklistTask
+from ceu_jax.audits.mediator import audit as md
+from ceu_jax.audits.mediator.checklist_world import ChecklistTask
 from ceu_jax.data import checklist
 from ceu_jax.data.checklist import ChecklistConfig
 from ceu_jax.readers import base

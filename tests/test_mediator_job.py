@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from ceu_jax import workdir as workdir_lib
-from ceu_jax.audits import mediator_job, mediator_probe
+from ceu_jax.audits.mediator import job as mediator_job
+from ceu_jax.audits.mediator import probe as mediator_probe
 from ceu_jax.data import checklist
 from configs import mediator as mediator_config
 

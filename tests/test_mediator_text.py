@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from ceu_jax.audits import checklist_text as ct
-from ceu_jax.audits import mediator as md
+from ceu_jax.audits.mediator import checklist_text as ct
+from ceu_jax.audits.mediator import audit as md
 from ceu_jax.readers import base
 from ceu_jax.readers import mediator_oracles as mo
 

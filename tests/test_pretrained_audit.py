@@ -303,16 +303,23 @@ def test_tiny_audit_outputs_and_resume(tmp_path):
   s = audit_nq.run_pretrained_audit(cfg, workdir)
   _check_outputs(workdir, cfg, n_layers=4)
   assert s['pairs']['audited'] == cfg.num_pairs and 0 < s['pairs']['share_kept'] <= 1
-  batches = sorted(os.listdir(os.path.join(workdir, 'batches')))
+  batches = sorted(os.listdir(os.path.join(workdir, 'units')))
   assert len(batches) == len(json.load(open(os.path.join(workdir, 'plan.json'))))
-  kept = os.path.join(workdir, 'batches', batches[0])
+  kept = os.path.join(workdir, 'units', batches[0])
   mtime = os.path.getmtime(kept)
-  os.remove(os.path.join(workdir, 'batches', batches[-1]))
+  os.remove(os.path.join(workdir, 'units', batches[-1]))
   again = audit_nq.run_pretrained_audit(cfg, workdir)  # resumes: only the missing batch
-  assert os.path.getmtime(kept) == mtime
+  assert os.path.getmtime(kept) == mtime and again['produced_by']['units_this_run'] == 1
   assert again['per_layer'] == s['per_layer']
-  with pytest.raises(ValueError, match='fresh workdir'):
-    audit_nq.run_pretrained_audit(_config('tiny,n_layers=4,num_pairs=3'), workdir)
+  for arg, field in (('tiny,n_layers=4,num_pairs=3', 'num_pairs 4 -> 3'),
+                     ('tiny,n_layers=3', 'n_layers 4 -> 3'),
+                     ('tiny,n_layers=4,site_probe=false', 'site_probe True -> False')):
+    with pytest.raises(ValueError, match=f'another config: {field}'):   # eps, gguf_path too
+      audit_nq.run_pretrained_audit(_config(arg), workdir)
+  c = _config('tiny,n_layers=4')
+  c.eps = 0.01
+  with pytest.raises(ValueError, match='another config: eps 0.001 -> 0.01'):
+    audit_nq.run_pretrained_audit(c, workdir)
 
 
 @needs_model

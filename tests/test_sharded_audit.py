@@ -148,8 +148,9 @@ def audited(tmp_path_factory):
 
 
 def _rows(workdir, corruption: str) -> dict:
-  d = os.path.join(workdir, "audit", "parts", corruption)
-  parts = [np.load(os.path.join(d, f)) for f in sorted(os.listdir(d))]
+  d = os.path.join(workdir, "audit", "units")
+  parts = [np.load(os.path.join(d, f)) for f in sorted(os.listdir(d))
+           if f.startswith(corruption + "_")]
   return {k: np.concatenate([p[k] for p in parts]) for k in parts[0].files}
 
 

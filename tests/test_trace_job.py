@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ceu_jax import workdir as workdir_lib
-from ceu_jax.audits import trace_job
+from ceu_jax.audits.traces import job as trace_job
 from configs import trace_sensitivity as cfgs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,12 +47,13 @@ def test_resume_and_config_check(tmp_path):
     c.chain.readers = ('mixture',)
   logs = []
   s1 = trace_job.run_trace_sensitivity(c, w, log=logs.append)
-  chunks = sorted(os.listdir(os.path.join(w, 'chunks')))
-  assert len(chunks) == 3
-  os.remove(os.path.join(w, 'chunks', chunks[1]))
+  units = sorted(os.listdir(os.path.join(w, 'units')))
+  assert len(units) == 3
+  os.remove(os.path.join(w, 'units', units[1]))
   logs.clear()
   s2 = trace_job.run_trace_sensitivity(c, w, log=logs.append)
-  assert '3 chunks, 2 done before' in logs[0] and sum(x.startswith('chunk ') for x in logs) == 1
+  assert '3 units, 2 finished before' in logs[0]
+  assert sum(x.startswith('[trace_sensitivity] unit ') for x in logs) == 1
   assert s2['readers'] == s1['readers']
   other = cfgs.get_config('tiny,n_items=13')
   with other.unlocked():
@@ -85,8 +86,8 @@ def test_config_arguments():
 
 
 def test_trace_modules_never_import_architectures():
-  code = ('import sys, ceu_jax.audits.trace_sensitivity, ceu_jax.audits.trace_world, '
-          'ceu_jax.audits.trace_text, ceu_jax.audits.trace_job; '
+  code = ('import sys, ceu_jax.audits.traces.audit, ceu_jax.audits.traces.chain_world, '
+          'ceu_jax.audits.traces.text, ceu_jax.audits.traces.job; '
           'print(sorted(m for m in sys.modules if m.split(".")[0] == "architectures"))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))

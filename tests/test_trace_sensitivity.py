@@ -6,8 +6,8 @@ domain, whose ground truth is exact.
 import numpy as np
 import pytest
 
-from ceu_jax.audits import trace_sensitivity as ts
-from ceu_jax.audits import trace_world as tw
+from ceu_jax.audits.traces import audit as ts
+from ceu_jax.audits.traces import chain_world as tw
 from ceu_jax.readers import base
 
 CFG = tw.ChainConfig()

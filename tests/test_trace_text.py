@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from ceu_jax.audits import trace_job
-from ceu_jax.audits import trace_sensitivity as ts
-from ceu_jax.audits import trace_text as tt
-from ceu_jax.audits import trace_world as tw
+from ceu_jax.audits.traces import job as trace_job
+from ceu_jax.audits.traces import audit as ts
+from ceu_jax.audits.traces import text as tt
+from ceu_jax.audits.traces import chain_world as tw
 from configs import trace_sensitivity as cfgs
 
 ARITH = tt.ArithmeticDomain([tt.make_arith_item(99, i) for i in range(2)])

@@ -1,8 +1,8 @@
 """World A of the trace audit: generator invariants and the trace-following function."""
 import pytest
 
-from ceu_jax.audits import trace_sensitivity as ts
-from ceu_jax.audits import trace_world as tw
+from ceu_jax.audits.traces import audit as ts
+from ceu_jax.audits.traces import chain_world as tw
 
 CFG = tw.ChainConfig()
 DOMAIN = tw.ChainDomain(CFG)

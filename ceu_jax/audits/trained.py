@@ -1,7 +1,7 @@
 """World A's readers: the project's retrieval models trained as in the smoke grid.
 
 The one module of `ceu_jax.audits` that reaches training and `architectures/`
-(the audit library itself never does); `ceu_jax.audits.job` imports it only
+(the audit library itself never does); `ceu_jax.audits.answer_presence.job` imports it only
 when World A runs.
 
   reader = trained_reader(train_config, workdir, log)   # trains (or resumes) first
@@ -16,6 +16,16 @@ import time
 from typing import Any, Callable
 
 from ceu_jax import workdir as workdir_lib
+
+
+def check_train_config(config: Any, section: str) -> None:
+  """A reader's training config, validated before the job writes anything (ValueError
+  naming the field under `section`, e.g. 'atr.train.train.num_steps must be ...')."""
+  from ceu_jax.train import config as config_lib
+  try:
+    config_lib.validate(config)
+  except ValueError as e:
+    raise ValueError(f'{section}.{e}') from None
 
 
 def trained_reader(config: Any, workdir: str, log: Callable[[str], None] = print,

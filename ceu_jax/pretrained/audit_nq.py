@@ -29,8 +29,10 @@ Distractor and control spans never touch a word that spells the answer or the
 substitute another way (`probe_spans`, issue #22); an item without such a span
 has no `dis` / `control` score (counted in the summary, never filled).
 
-Outputs in the workdir: batches/*.json (finished batches, kept on a rerun),
-examples.csv (one row per example × layer), summary.json (per layer and probe:
+The job runs on the one job contract (`ceu_jax.jobs.run_job`: the workdir lock,
+the config check against W/job.json — every field, eps, n_layers, gguf_path and
+site_probe included — W/units/ resumed, atomic outputs, progress); a unit is one
+planned batch. Outputs in the workdir: plan.json (the batches), examples.csv (one row per example × layer), summary.json (per layer and probe:
 mean CEU with a bootstrap 95% CI and n; degenerate gaps flagged and counted;
 items without a valid distractor / control span counted)
 and plots/layer_profile.{png,pdf}.
@@ -42,15 +44,13 @@ import dataclasses
 import functools
 import io as _io
 import json
-import os
 import re
-import time
 import zlib
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax import engine, io
+from ceu_jax import engine, jobs
 from ceu_jax.metrics import mean_ci
 from ceu_jax.pretrained import probe_spans
 
@@ -61,6 +61,7 @@ CONTROL = 'control'  # a random context span of E's token count
 SITE = 'site'  # the whole read port
 SPAN_PROBES = (EV, DIS, CONTROL)
 OPTIONAL_PROBES = (DIS, CONTROL)  # may be absent for an item (no valid span)
+SUBSTITUTE_SOURCES = ('dataset', 'swap_equal', 'drawn')  # where a substitute entity comes from
 CONTEXT_PREFIX = 'Context: '  # ceu_jax.pretrained.format_prompt starts with this
 
 
@@ -420,79 +421,103 @@ COLUMNS = ('id', 'layer', 'answer', 'substitute', 'swap_source', 'dis_kind', 'to
 # then has_{probe}, L_int_{probe}, ceu_{probe} for every probe
 
 
-def _write_csv(path: str, rows: list[dict], probes: Sequence[str]) -> None:
+def _csv(rows: list[dict], probes: Sequence[str]) -> str:
   cols = (list(COLUMNS) + [f'has_{p}' for p in probes] + [f'L_int_{p}' for p in probes]
           + [f'ceu_{p}' for p in probes])
   buf = _io.StringIO()
   w = csv.DictWriter(buf, fieldnames=cols, lineterminator='\n')
   w.writeheader()
   w.writerows({k: ('' if v is None else v) for k, v in r.items()} for r in rows)
-  io.write_text_atomic(path, buf.getvalue())
+  return buf.getvalue()
 
 
-def _check_plan(workdir: str, plan: list[dict]) -> None:
-  """Writes plan.json, or checks that a rerun plans the same batches."""
-  path = os.path.join(workdir, 'plan.json')
-  if os.path.exists(path) and io.read_json(path) != plan:
-    raise ValueError(f'{path} was planned under another config or other probe spans; '
-                     'use a fresh workdir')
-  io.write_json_atomic(path, plan)
+def validate(config) -> None:
+  """Every count the job reads, checked before anything is built or written."""
+  for name, lo in (('num_pairs', 1), ('batch_size', 1), ('max_len', 2), ('max_answer_tokens', 1),
+                   ('n_layers', 0), ('n_draws', 0), ('max_items', 0), ('num_resamples', 1)):
+    v = config[name]
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+      raise ValueError(f'{name} must be an integer >= {lo}, got {v!r}')
+  if not float(config.eps) >= 0:
+    raise ValueError(f'eps must be >= 0, got {config.eps!r}')
+  for name in ('length_buckets', 'tail_buckets'):
+    b = tuple(config[name])
+    if not b or any(int(x) < 1 for x in b) or list(b) != sorted(set(b)):
+      raise ValueError(f'{name} must be increasing positive lengths, got {b}')
+  if max(config.length_buckets) < config.max_len:
+    raise ValueError(f'length_buckets must reach max_len ({config.max_len}), got '
+                     f'{tuple(config.length_buckets)}')
+  bad = [s for s in config.substitutes if s not in SUBSTITUTE_SOURCES]
+  if bad or not config.substitutes:
+    raise ValueError(f'substitutes must be a non-empty subset of {SUBSTITUTE_SOURCES}, got '
+                     f'{tuple(config.substitutes)}')
 
 
-def _log(msg: str) -> None:
-  print(f'[audit_pretrained] {msg}', flush=True)
+class PretrainedAuditJob(jobs.Job):
+  """The SmolLM2 layer-profile audit on the one job contract: a unit is one planned
+  batch of pairs (W/units/batch_<b>.json), every layer and probe."""
+  name = 'pretrained_audit'
 
+  def __init__(self, config):
+    validate(config)
+    super().__init__(config)
+    self.probes = SPAN_PROBES + ((SITE,) if config.site_probe else ())
+    self._model = None
 
-def run_batches(config, workdir: str, tok, pairs: list[Pair], plan: list[dict],
-                probes: Sequence[str]) -> list[dict]:
-  """Audits every planned batch not already in workdir/batches; returns all rows."""
-  from ceu_jax.pretrained import load_smollm2
-  by_id = {p.id: p for p in pairs}
-  model = None
-  rows, t_start, done_now = [], time.time(), 0
-  for b, spec in enumerate(plan):
-    path = os.path.join(workdir, 'batches', f'{b:05d}.json')
-    if os.path.exists(path):
-      rows += io.read_json(path)
-      continue
-    if model is None:
-      model = load_smollm2(config.gguf_path or None, n_layers=config.n_layers or None)
+  def prepare(self, ctx):
+    from ceu_jax.pretrained import load_tokenizer
+    config = self.config
+    self.tok = load_tokenizer(config.gguf_path or None)
+    self.pairs, self.report = build_pairs(self.tok, config)
+    if not self.pairs:
+      raise ValueError(f'no aligned pairs: {json.dumps(self.report["dropped"])}')
+    r = self.report
+    ctx.log(f'[{self.name}] {r["kept"]}/{r["items"]} pairs aligned ({r["share_kept"]:.1%}); '
+            f'auditing {len(self.pairs)}; {r["too_long"]["count"]} longer than '
+            f'{config.max_len} tokens reported, not truncated')
+    self.batches = plan_batches(self.pairs, config)
+    if ctx.exists('plan.json') and ctx.read_json('plan.json') != self.batches:
+      raise jobs.JobError(f'{ctx.path("plan.json")} was planned with other probe spans under '
+                          'the same config (another ceu-jax version?); use a fresh workdir')
+    ctx.write_json('plan.json', self.batches)
+
+  def plan(self, ctx):
+    return [jobs.Unit(f'batch_{b:05d}', b) for b in range(len(self.batches))]
+
+  def run_unit(self, ctx, b):
+    from ceu_jax.pretrained import load_smollm2
+    config, spec = self.config, self.batches[b]
+    if self._model is None:
+      self._model = load_smollm2(config.gguf_path or None, n_layers=config.n_layers or None)
+    by_id = {p.id: p for p in self.pairs}
     ps = [by_id[i] for i in spec['ids']]
-    arrays = batch_arrays(tok, ps, config.batch_size, spec['pad_to'])
-    out = audit_batch(model[1], model[0], arrays, spec['n_tail'], probes, config.eps)
-    new = batch_rows(ps, out, probes)
-    io.write_json_atomic(path, new)
-    rows += new
-    done_now += 1
-    el = time.time() - t_start
-    _log(f'batch {b + 1}/{len(plan)} (T={spec["pad_to"]}, n_tail={spec["n_tail"]}) '
-         f'{el:.0f}s elapsed, ~{el / done_now * (len(plan) - b - 1):.0f}s left')
-  return rows
+    arrays = batch_arrays(self.tok, ps, config.batch_size, spec['pad_to'])
+    out = audit_batch(self._model[1], self._model[0], arrays, spec['n_tail'], self.probes,
+                      config.eps)
+    return batch_rows(ps, out, self.probes)
+
+  def describe_unit(self, b, result):
+    spec = self.batches[b]
+    return f'T={spec["pad_to"]}, n_tail={spec["n_tail"]}'
+
+  def _rows(self, results) -> list[dict]:
+    return [r for b in range(len(self.batches)) for r in results[f'batch_{b:05d}']]
+
+  def summarize(self, ctx, results):
+    rows = self._rows(results)
+    n_layers = max(r['layer'] for r in rows) + 1
+    summary = summarize(rows, self.probes, n_layers, self.config)
+    summary.update(pairs=self.report, probes=list(self.probes),
+                   model='SmolLM2-135M-Instruct (Q4_1 GGUF, float32)',
+                   ports='layers_{l}/attn:read at the answer positions')
+    return summary
+
+  def write(self, ctx, results, summary):
+    ctx.write_text('examples.csv', _csv(self._rows(results), self.probes))
+    if ctx.primary:
+      plot_profile(summary, self.probes, ctx.path('plots', 'layer_profile'))
 
 
-def run_pretrained_audit(config, workdir: str) -> dict:
+def run_pretrained_audit(config, workdir: str, log=print) -> dict:
   """Runs (or resumes) the audit; writes examples.csv, summary.json, plots/; returns the summary."""
-  from ceu_jax.pretrained import load_tokenizer
-  t0 = time.time()
-  os.makedirs(os.path.join(workdir, 'batches'), exist_ok=True)
-  tok = load_tokenizer(config.gguf_path or None)
-  pairs, report = build_pairs(tok, config)
-  if not pairs:
-    raise ValueError(f'no aligned pairs: {json.dumps(report["dropped"])}')
-  _log(f'{report["kept"]}/{report["items"]} pairs aligned ({report["share_kept"]:.1%}); '
-       f'auditing {len(pairs)}; {report["too_long"]["count"]} longer than {config.max_len} '
-       'tokens reported, not truncated')
-  plan = plan_batches(pairs, config)
-  _check_plan(workdir, plan)
-  probes = SPAN_PROBES + ((SITE,) if config.site_probe else ())
-  rows = run_batches(config, workdir, tok, pairs, plan, probes)
-  n_layers = max(r['layer'] for r in rows) + 1
-  summary = summarize(rows, probes, n_layers, config)
-  summary.update(pairs=report, probes=list(probes), wall_s=time.time() - t0,
-                 model='SmolLM2-135M-Instruct (Q4_1 GGUF, float32)',
-                 ports='layers_{l}/attn:read at the answer positions')
-  _write_csv(os.path.join(workdir, 'examples.csv'), rows, probes)
-  io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
-  plot_profile(summary, probes, os.path.join(workdir, 'plots', 'layer_profile'))
-  _log(f'done in {summary["wall_s"]:.0f}s: {workdir}/summary.json')
-  return summary
+  return jobs.run_job(PretrainedAuditJob(config), workdir, log=log)

@@ -20,9 +20,10 @@ normalisation, `metrics.text`): EM, token F1, and `copied` = the normalised
 prediction is non-empty and occurs in the normalised gold passage (for both
 conditions: the closed-book rate is the chance-overlap baseline).
 
-Outputs in the workdir (atomic writes; a rerun skips finished chunks):
+The job runs on the one job contract (`ceu_jax.jobs.run_job`: the workdir lock,
+the config check against W/job.json, W/units/ resumed, atomic outputs,
+progress); a unit is one chunk of items of one source in one condition. Outputs:
   plan.json               the selected ids and the skipped ones (with lengths)
-  chunks/{src}_{cond}_{k}.json   finished chunks of rows
   rows.csv                one row per (item, condition)
   summary.json            per (source, condition): EM, F1, copied, answered with 95% CIs and n
   table.md                the summary as a markdown table
@@ -31,19 +32,18 @@ from __future__ import annotations
 
 import csv
 import io as _io
-import os
-import time
 import zlib
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax import io
+from ceu_jax import jobs
 from ceu_jax.metrics.resampling import mean_ci
 from ceu_jax.metrics.text import exact_match, normalize_answer, token_f1
 from ceu_jax.readers.base import Reader
 
 CONDITIONS = ('open_book', 'closed_book')
+SPLITS = ('train', 'validation', 'test')
 SOURCES = ('nq', 'squad')
 FIELDS = ('id', 'source', 'condition', 'question', 'gold', 'prediction', 'em', 'f1', 'copied',
           'stop_reason', 'prompt_tokens')
@@ -190,58 +190,84 @@ def markdown_table(summary: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def _write_csv(path: str, rows: Sequence[dict]) -> None:
+def _csv(rows: Sequence[dict]) -> str:
   buf = _io.StringIO()
   w = csv.DictWriter(buf, fieldnames=FIELDS)
   w.writeheader()
   for r in rows:
     w.writerow({k: r[k] for k in FIELDS})
-  io.write_text_atomic(path, buf.getvalue())
+  return buf.getvalue()
+
+
+def validate(config: Any) -> None:
+  """Every field the job reads, checked before anything is built or written."""
+  for name, lo in (('n_per_source', 1), ('chunk_size', 1), ('max_prompt_tokens', 1),
+                   ('max_new_tokens', 1), ('batch_size', 1), ('n_shots', 0), ('n_layers', 0),
+                   ('num_resamples', 1), ('shot_min_words', 0)):
+    v = config[name]
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+      raise ValueError(f'{name} must be an integer >= {lo}, got {v!r}')
+  if config.shot_max_words < config.shot_min_words:
+    raise ValueError(f'shot_max_words ({config.shot_max_words}) must be >= shot_min_words '
+                     f'({config.shot_min_words})')
+  for name in ('split', 'shot_split'):
+    if config[name] not in SPLITS:
+      raise ValueError(f'{name} must be one of {SPLITS}, got {config[name]!r}')
+
+
+class ReaderEvalJob(jobs.Job):
+  """The reader evaluation on the one job contract: a unit is one chunk of items of
+  one source in one condition (W/units/<source>_<condition>_<k>.json)."""
+  name = 'reader_eval'
+
+  def __init__(self, config: Any, reader: Optional[Reader] = None):
+    validate(config)
+    super().__init__(config)
+    self.reader = reader
+
+  def prepare(self, ctx):
+    if self.reader is None:
+      from ceu_jax import readers
+      self.reader = readers.from_config(self.config)
+    if ctx.exists('plan.json'):   # the same config (job.json): the same selection
+      self.plan_ = ctx.read_json('plan.json')
+      return
+    reader = self.reader
+    count = (lambda prompt: len(reader.prompt_ids(prompt))) if hasattr(reader, 'prompt_ids') \
+        else (lambda prompt: len(str(prompt).split()))
+    shots = select_shots(self.config)
+    plan = select_items(self.config, shots, count)
+    plan['shots'] = shots
+    ctx.write_json('plan.json', plan)
+    self.plan_ = plan
+
+  def plan(self, ctx):
+    cs = self.config.chunk_size
+    return [jobs.Unit(f'{src}_{cond}_{k // cs:04d}', (src, cond, k)) for src in SOURCES
+            for cond in CONDITIONS for k in range(0, len(self.plan_['items'][src]), cs)]
+
+  def run_unit(self, ctx, spec):
+    src, cond, k = spec
+    items = self.plan_['items'][src][k:k + self.config.chunk_size]
+    return _chunk_rows(self.reader, self.config, self.plan_['shots'], items, cond)
+
+  def describe_unit(self, spec, result):
+    return f'{spec[0]} {spec[1]} items {spec[2]}..{spec[2] + len(result) - 1}'
+
+  def summarize(self, ctx, results):
+    rows = [r for u in self.plan(ctx) for r in results[u.key]]
+    return {'groups': summarise(rows, self.config),
+            'n_items': {s: len(self.plan_['items'][s]) for s in SOURCES},
+            'skipped_too_long': self.plan_['skipped'], 'split': self.config.split,
+            'max_prompt_tokens': self.config.max_prompt_tokens}
+
+  def write(self, ctx, results, summary):
+    rows = [r for u in self.plan(ctx) for r in results[u.key]]
+    ctx.write_text('rows.csv', _csv(rows))
+    ctx.write_text('table.md', markdown_table(summary['groups']))
 
 
 def run_reader_eval(config: Any, workdir: str, reader: Optional[Reader] = None,
                     log: Callable[[str], None] = print) -> dict:
   """Select items, answer them in chunks (resumable), write rows, summary and table."""
-  if reader is None:
-    from ceu_jax.pretrained.decode import DecodeSettings
-    from ceu_jax.readers.smollm2 import SmolLM2Reader
-    reader = SmolLM2Reader.from_pretrained(
-        config.gguf_path or None, n_layers=config.n_layers or None, chat=config.chat,
-        settings=DecodeSettings(batch_size=config.batch_size))
-  os.makedirs(os.path.join(workdir, 'chunks'), exist_ok=True)
-  plan_path = os.path.join(workdir, 'plan.json')
-  if os.path.exists(plan_path):
-    plan = io.read_json(plan_path)
-  else:
-    count = (lambda prompt: len(reader.prompt_ids(prompt))) if hasattr(reader, 'prompt_ids') \
-        else (lambda prompt: len(str(prompt).split()))
-    shots = select_shots(config)
-    plan = select_items(config, shots, count)
-    plan['shots'] = shots
-    plan['config'] = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-    io.write_json_atomic(plan_path, plan)
-  rows, t0, done_chunks = [], time.time(), 0
-  n_chunks = sum(-(-len(v) // config.chunk_size) for v in plan['items'].values()) * 2
-  for src in SOURCES:
-    items = plan['items'][src]
-    for cond in CONDITIONS:
-      for k in range(0, len(items), config.chunk_size):
-        path = os.path.join(workdir, 'chunks', f'{src}_{cond}_{k // config.chunk_size:04d}.json')
-        if os.path.exists(path):
-          part = io.read_json(path)
-        else:
-          part = _chunk_rows(reader, config, plan['shots'], items[k:k + config.chunk_size],
-                             cond)
-          io.write_json_atomic(path, part)
-        rows += part
-        done_chunks += 1
-        log(f'[{time.time() - t0:7.0f}s] {done_chunks}/{n_chunks} chunks '
-            f'({src} {cond} items {k}..{k + len(part) - 1})')
-  summary = {'groups': summarise(rows, config), 'n_items': {s: len(plan['items'][s])
-                                                            for s in SOURCES},
-             'skipped_too_long': plan['skipped'], 'split': config.split,
-             'max_prompt_tokens': config.max_prompt_tokens}
-  _write_csv(os.path.join(workdir, 'rows.csv'), rows)
-  io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
-  io.write_text_atomic(os.path.join(workdir, 'table.md'), markdown_table(summary['groups']))
-  return summary
+  return jobs.run_job(ReaderEvalJob(config, reader), workdir, log=log)

@@ -4,7 +4,7 @@ Each writes a mediator M then a decision Y (tool=True: TOOL and an argument,
 the decision being C(argument)). They work with any mediated task `task` that
 offers solve(prompt) (the gold M hidden in the input), decide(m),
 render_mediator(m), render_decision(y, tool_arg) and parse_mediator(output)
-(`ceu_jax.audits.checklist_world.ChecklistTask` does).
+(`ceu_jax.audits.mediator.checklist_world.ChecklistTask` does).
 
 * `MediatorFollower`: Y = C(M) of the M at the start of its output — its own
   M̂, or the forced M* after `continue_from`; tool argument = a copy of that M.

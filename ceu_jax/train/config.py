@@ -147,7 +147,9 @@ def validate(config: Any, num_devices: int | None = None) -> None:
   t, c, e = config.train, config.cer, config.eval
   if t.warmup_steps > t.num_steps:
     raise ValueError(f"train.warmup_steps ({t.warmup_steps}) must be <= train.num_steps "
-                     f"({t.num_steps})")
+                     f"({t.num_steps}): set --config.train.warmup_steps (e.g. "
+                     f"{max(1, t.num_steps // 10)}), or give the steps as the config argument "
+                     "steps=N, which scales the warm-up")
   if c.regularizer == "evidence_distractor" and c.k < 2:
     raise ValueError(f"cer.k must be >= 2 for regularizer 'evidence_distractor' (the "
                      f"distractor probe), got {c.k}")

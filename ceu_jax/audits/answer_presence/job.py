@@ -9,15 +9,13 @@ Worlds (config.world; configs/answer_presence.py documents every field):
              question-blind control, SmolLM2 as the reader;
   generated  seeded text records with oracle readers (exact known answers).
 
-Work is done in chunks of records per reader, each saved under W/chunks
-(atomically); a rerun skips finished chunks and continues (resumable). The
-config is checked against W/config.json first (a different config is refused,
-naming the fields), and W/.answer_presence.lock keeps a second job out.
-Outputs, all written atomically (ceu_jax.io):
+A unit is one chunk of records read by one reader; the job runs on the one job
+contract (`ceu_jax.jobs.run_job`: the workdir lock, the config check against
+W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
   rows.csv       one row per (reader, baseline, record, edit)
   scores.csv     one row per (reader, baseline, record): bucket, F1, answer
   summary.json   buckets, skips, baseline F1, effects, Δcausal, panels, verdicts
-  report.md      the tables (ceu_jax.audits.report) and the figures
+  report.md      the tables (ceu_jax.audits.answer_presence.report) and the figures
   effects.png/pdf, panel.png/pdf
 """
 from __future__ import annotations
@@ -25,62 +23,23 @@ from __future__ import annotations
 import csv
 import io as _io
 import json
-import os
-import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ceu_jax import io
-from ceu_jax import workdir as workdir_lib
-from ceu_jax.audits import answer_presence as ap
-from ceu_jax.audits import plots, report
-from ceu_jax.audits import sentinels as sp
-from ceu_jax.audits import worlds
+from ceu_jax import jobs
+from ceu_jax.audits.answer_presence import audit as ap
+from ceu_jax.audits.answer_presence import plots
+from ceu_jax.audits.answer_presence import report
+from ceu_jax.audits.answer_presence import sentinels as sp
+from ceu_jax.audits.answer_presence import worlds
 from ceu_jax.metrics.resampling import mean_ci
-from ceu_jax.progress import Progress
 
 ROW_COLUMNS = ('reader', 'baseline', 'id', 'bucket', 'edit', 'f1_orig', 'f1_edit', 'delta',
                'll_orig', 'll_edit', 'dll', 'answer', 'placebo_spans', 'appended', 'residual')
 SCORE_COLUMNS = ('reader', 'baseline', 'id', 'bucket', 'bucket_companion', 'f1', 'loglik',
                  'answer')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
-
-
-def _check_config(config, workdir: str) -> None:
-  workdir_lib.refuse_other_job_config(config, workdir, 'an answer-presence', FREE_FIELDS)
-
-
-def audit_chunk(reader, medium, by_baseline: dict, *, loglik: bool,
-                identity_baselines: Sequence[str]) -> dict:
-  """Everything one reader gives on one chunk of records (JSON-able).
-
-  by_baseline: {'B1': raw records, 'B2': ..., ...}. Per baseline: skipped ids
-  per reason, per-record (bucket, companion bucket, F1, log-lik, answer) and,
-  for every baseline but B1, the audit rows; the sentinel panel on B2.
-  """
-  scorer = ap.Scorer(reader, medium, loglik=loglik)
-  out: dict = dict(skipped={}, scores={}, rows={}, panel=None)
-  for b, recs in by_baseline.items():
-    v = ap.validate(recs, medium=medium)
-    out['skipped'][b] = {k: [str(i) for i in ids] for k, ids in v.skipped_ids.items()}
-    res = scorer.results(v.kept, [r.context for r in v.kept])
-    out['scores'][b] = [dict(id=str(r.id), bucket=ap.bucket(r, medium),
-                             bucket_companion=ap.bucket(r, medium, companion=True),
-                             f1=x[0], loglik=x[1], answer=x[2]) for r, x in zip(v.kept, res)]
-    if b == 'B1':
-      continue
-    rows = ap.run_audit(reader, v.kept, scorer=scorer, identity=b in identity_baselines)
-    for x in rows:
-      x.pop('context')
-      x['id'] = str(x['id'])
-    out['rows'][b] = rows
-    if b == 'B2':
-      f1 = sp.panel_f1(reader, v.kept, scorer=scorer)
-      out['panel'] = {k: ([str(i) for i in val] if k in ('ids', 'no_placebo')
-                          else np.asarray(val, np.float64).tolist()) for k, val in f1.items()}
-  out['calls'] = scorer.calls
-  return out
 
 
 def _summarise_reader(parts: Sequence[dict], baselines: Sequence[str], seed: int) -> dict:
@@ -143,46 +102,51 @@ def _baselines_section(parts: Sequence[dict], baselines: Sequence[str]) -> dict:
   return out
 
 
-def _csv(path: str, columns: Sequence[str], rows: Sequence[dict]) -> None:
+def _csv(columns: Sequence[str], rows: Sequence[dict]) -> str:
   buf = _io.StringIO()
   w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction='ignore')
   w.writeheader()
   w.writerows(rows)
-  io.write_text_atomic(path, buf.getvalue())
+  return buf.getvalue()
+
+
+class AnswerPresenceJob(jobs.Job):
+  """The answer-presence audit on the one job contract: a unit is one chunk of
+  records read by one reader (W/units/<reader>_<k>.json)."""
+  name = 'answer_presence'
+  free_fields = FREE_FIELDS
+
+  def __init__(self, config):
+    self.world = worlds.make_world(config)  # validates before anything is built or written
+    super().__init__(config)
+
+  def prepare(self, ctx):
+    self.world.prepare(ctx.workdir, ctx.log)
+
+  def plan(self, ctx):
+    return [jobs.Unit(f'{name}_{k:04d}', (name, k)) for name in self.world.readers
+            for k in range(self.world.n_chunks)]
+
+  def run_unit(self, ctx, spec):
+    return self.world.chunk(*spec)
+
+  def describe_unit(self, spec, result):
+    return f"{result['calls']} reader items"
+
+  def _parts(self, results) -> dict:
+    return {name: [results[f'{name}_{k:04d}'] for k in range(self.world.n_chunks)]
+            for name in self.world.readers}
+
+  def summarize(self, ctx, results):
+    return _summarise(self.config, self.world, self._parts(results))
+
+  def write(self, ctx, results, summary):
+    _write_outputs(self.config, ctx, self.world, self._parts(results), summary)
 
 
 def run_answer_presence(config, workdir: str, log: Callable[[str], None] = print) -> dict:
   """Run (or resume) the audit; returns the summary dict (also in W/summary.json)."""
-  world = worlds.make(config)  # validates the config before anything is built or written
-  os.makedirs(os.path.join(workdir, 'chunks'), exist_ok=True)
-  _check_config(config, workdir)
-  t0 = time.time()
-  with workdir_lib.WorkdirLock(workdir, 'answer_presence'):
-    if workdir_lib.read_config_json(workdir) is None:
-      io.write_json_atomic(os.path.join(workdir, workdir_lib.CONFIG_FILE), config.to_dict())
-    world.prepare(workdir, log)
-    units = [(name, k) for name in world.readers for k in range(world.n_chunks)]
-    paths = {u: os.path.join(workdir, 'chunks', f'{u[0]}_{u[1]:04d}.json') for u in units}
-    done = sum(os.path.exists(p) for p in paths.values())
-    prog = Progress(total=len(units), done=done)
-    log(f'answer presence ({config.world}): {len(units)} chunks, {done} done before')
-    calls = 0
-    for u in units:
-      if os.path.exists(paths[u]):
-        continue
-      part = world.chunk(u[0], u[1])
-      calls += part['calls']
-      io.write_json_atomic(paths[u], part)
-      done += 1
-      log(f'chunk {done}/{len(units)} ({u[0]} #{u[1]}, {part["calls"]} reader items; '
-          f'{prog.update(done)})')
-    parts = {name: [io.read_json(paths[(name, k)]) for k in range(world.n_chunks)]
-             for name in world.readers}
-    summary = _summarise(config, world, parts)
-    summary['wall_s_this_run'] = round(time.time() - t0, 1)
-    summary['reader_items_this_run'] = calls
-    _write_outputs(config, workdir, world, parts, summary)
-  return summary
+  return jobs.run_job(AnswerPresenceJob(config), workdir, log=log)
 
 
 def _summarise(config, world, parts: dict) -> dict:
@@ -196,7 +160,7 @@ def _summarise(config, world, parts: dict) -> dict:
   return json.loads(json.dumps(summary))
 
 
-def _write_outputs(config, workdir: str, world, parts: dict, summary: dict) -> None:
+def _write_outputs(config, ctx: jobs.JobContext, world, parts: dict, summary: dict) -> None:
   rows, scores = [], []
   for name, ps in parts.items():
     for p in ps:
@@ -204,8 +168,8 @@ def _write_outputs(config, workdir: str, world, parts: dict, summary: dict) -> N
         rows += [dict(x, reader=name, baseline=b) for x in xs]
       for b, xs in p['scores'].items():
         scores += [dict(x, reader=name, baseline=b) for x in xs]
-  _csv(os.path.join(workdir, 'rows.csv'), ROW_COLUMNS, rows)
-  _csv(os.path.join(workdir, 'scores.csv'), SCORE_COLUMNS, scores)
+  ctx.write_text('rows.csv', _csv(ROW_COLUMNS, rows))
+  ctx.write_text('scores.csv', _csv(SCORE_COLUMNS, scores))
   rd = summary['readers']
   md = [f'# Answer-presence audit ({world.title})', '', world.describe(summary), '',
         '## Buckets per baseline', '', report.buckets_table(summary['baselines'],
@@ -223,14 +187,13 @@ def _write_outputs(config, workdir: str, world, parts: dict, summary: dict) -> N
              report.panel_table(r['panel'])]
   md += world.extra_report(summary)
   if config.plots:
-    plots.effects_figure(rd, os.path.join(workdir, 'effects'))
+    plots.effects_figure(rd, ctx.path('effects'))
     md += ['', '![effects](effects.png)']
     if any(r['panel'] for r in rd.values()):
-      plots.panel_figure(rd, os.path.join(workdir, 'panel'))
+      plots.panel_figure(rd, ctx.path('panel'))
       md += ['', '![sentinel panel](panel.png)']
   md += ['', '## Every edit and bucket']
   for name, r in rd.items():
     for b, cell in r['cells'].items():
       md += ['', f'### {name} / {b}', '', report.cell_table(cell)]
-  io.write_json_atomic(os.path.join(workdir, 'summary.json'), summary)
-  io.write_text_atomic(os.path.join(workdir, 'report.md'), '\n'.join(md) + '\n')
+  ctx.write_text('report.md', '\n'.join(md) + '\n')

@@ -2,7 +2,7 @@
 
 The data (`ceu_jax.data.checklist`) has the exact gold mediator M (one YES /
 NO per claim) and C = the number of YES. Here it is seen the way the audit
-(`ceu_jax.audits.mediator`) sees every task:
+(`ceu_jax.audits.mediator.audit`) sees every task:
 
   prompt           an ATRPrompt (query, context, passage ids)
   output           the reader's generated tokens

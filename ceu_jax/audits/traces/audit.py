@@ -16,7 +16,7 @@ everything after the block with `Reader.continue_from`, giving a*.
 
 Everything about what a trace *is* goes through a `TraceDomain` (parse a raw
 output into steps, render a step, build an intervention, compare answers);
-`ceu_jax.audits.trace_world` holds World A's chain domain and the oracle
+`ceu_jax.audits.traces.chain_world` holds World A's chain domain and the oracle
 readers. This module knows only the `Reader` interface (never architectures/).
 
 Bad input: an original output that does not parse into steps is counted

@@ -36,7 +36,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax.audits import trace_sensitivity as ts
+from ceu_jax.audits.traces import audit as ts
 from ceu_jax.metrics.text import normalize_answer, token_f1
 from ceu_jax.readers import base
 
@@ -379,12 +379,8 @@ class SmolLM2World:
     pass
 
   def reader(self, name):
-    from ceu_jax.pretrained import decode as D
-    from ceu_jax.readers.smollm2 import SmolLM2Reader
-    s = self.s
-    return SmolLM2Reader.from_pretrained(s.gguf_path or None, n_layers=int(s.n_layers) or None,
-                                         chat=False,
-                                         settings=D.DecodeSettings(batch_size=int(s.batch_size)))
+    from ceu_jax import readers
+    return readers.from_config(self.s)
 
   def describe(self) -> str:
     return ('SmolLM2-135M-Instruct (%s layers), plain few-shot prompts (%d solved '

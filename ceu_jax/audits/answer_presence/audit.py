@@ -9,11 +9,11 @@ the sentinel, rng seeded by (1729, crc32(id)) so rows are order-independent),
 insert_prepend and insert_mid. Effects Δ = F1(edit) − F1(c) (token F1 × 100)
 with paired bootstrap CIs (1000 resamples, seed 42); Δcausal = mean over 1→1
 rows of Δremove − Δplacebo. The sentinel panel and C2a/C2b rules live in
-`ceu_jax.audits.sentinels`, the tables in `ceu_jax.audits.report`.
+`ceu_jax.audits.answer_presence.sentinels`, the tables in `ceu_jax.audits.answer_presence.report`.
 
 Everything that depends on what a context *is* (text or ATR tokens) goes
 through a `Medium`: `TextMedium` here (strings, the functions below),
-`ceu_jax.audits.atr_world.ATRMedium` for token contexts. The audit itself
+`ceu_jax.audits.answer_presence.atr_world.ATRMedium` for token contexts. The audit itself
 (`run_audit`, `effects`, `delta_causal`) only sees the medium and a `Reader`.
 
 Bad input (a gold shorter than 2 characters, an empty context, a context that

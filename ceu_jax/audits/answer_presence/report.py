@@ -1,4 +1,4 @@
-"""Markdown tables of an answer-presence summary (the dict `ceu_jax.audits.job` writes).
+"""Markdown tables of an answer-presence summary (the dict `ceu_jax.audits.answer_presence.job` writes).
 
 Every table reads only the JSON-able summary, so W/report.md can be redrawn
 from W/summary.json. Aggregates are dicts {value, ci_low, ci_high, n}.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
-from ceu_jax.audits import answer_presence as ap
+from ceu_jax.audits.answer_presence import audit as ap
 from ceu_jax.metrics.resampling import Aggregate
 
 KEY_EFFECTS = (('remove', '1→1'), ('placebo', '1→1'), ('insert_prepend', '0→0'),

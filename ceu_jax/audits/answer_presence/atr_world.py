@@ -45,7 +45,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax.audits import answer_presence as ap
+from ceu_jax.audits.answer_presence import audit as ap
 from ceu_jax.data import atr
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.vocab import SENTINELS as VOCAB_SENTINELS

@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax.audits import answer_presence as ap
+from ceu_jax.audits.answer_presence import audit as ap
 from ceu_jax.metrics.resampling import Aggregate, mean_ci, paired_difference_ci
 
 SENTINELS = ap.TEXT_SENTINELS  # panel name -> text sentinel (ATR: atr_world.ATR_SENTINELS)

@@ -21,7 +21,7 @@ argument; the decision is exec(arg) = C(arg), so Ŷ = C(arg), Ŷ* = C(arg*).
 Unparseable M̂, Ŷ or Ŷ* count as inconsistent; their rates are reported.
 
 What a task *is* (tokens or text, which C) goes through a `MediatedTask`
-(Protocol below; World A: `ceu_jax.audits.checklist_world`). The audit itself
+(Protocol below; World A: `ceu_jax.audits.mediator.checklist_world`). The audit itself
 only sees the task and a `ceu_jax.readers.base.Reader`; it never imports
 `architectures/` or training.
 
@@ -38,7 +38,7 @@ from typing import Any, Hashable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from ceu_jax.audits.answer_presence import CI_SEED, fmt
+from ceu_jax.audits.answer_presence.audit import CI_SEED, fmt
 from ceu_jax.metrics.resampling import EMPTY, Aggregate, mean_ci, paired_difference_ci
 
 EDIT_SEED = 3003  # CNF edit rng = (EDIT_SEED, crc32(str(id)))

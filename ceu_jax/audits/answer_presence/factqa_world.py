@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ceu_jax.audits import answer_presence as ap
+from ceu_jax.audits.answer_presence import audit as ap
 
 BASELINES = ('B1', 'B2', 'B3', 'B4')
 REWRITER_NAMES = {'B1': 'raw context', 'B2': 'A (extractive)', 'B3': 'B (SmolLM2 compress)',

@@ -1,7 +1,7 @@
 """Figures of the answer-presence audit: Δ per edit and bucket with CIs; the sentinel panel.
 
 Both read the JSON-able `readers` section of W/summary.json (written by
-`ceu_jax.audits.job`), so a report can be redrawn from it alone, and save PNG +
+`ceu_jax.audits.answer_presence.job`), so a report can be redrawn from it alone, and save PNG +
 PDF atomically. One panel (subplot) per reader.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Mapping
 from matplotlib.figure import Figure
 
 from ceu_jax import plotting
-from ceu_jax.audits import report
+from ceu_jax.audits.answer_presence import report
 
 GROUPS = report.KEY_EFFECTS + (('Δcausal', '1→1'),)
 

@@ -23,13 +23,16 @@ Shape legend: Q query tokens, N context tokens (= lines × 7), h hops.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax.audits import trace_sensitivity as ts
+from ceu_jax.audits.traces import audit as ts
 from ceu_jax.data.chain import (HOPS, LINE_LEN, ChainConfig, ChainItem, follow, make_item,  # noqa: F401
                                 make_items, resolve)
+
+READERS = ('following', 'ignoring', 'mixture')   # the trace oracles
 from ceu_jax.readers import base
 from ceu_jax.readers import oracles
 from ceu_jax.readers.atr import ATRPrompt
@@ -195,3 +198,119 @@ def mixture_oracle(domain, items, share: float, seed: int = 0) -> TraceOracle:
     raise ValueError(f'share must lie in [0, 1], got {share!r}')
   return TraceOracle(domain, items,
                      lambda item: mixture_follows(domain.item_id(item), share, seed))
+
+
+class ChainWorld:
+  """World A: the trace oracles and the trained chain readers (family/regime)."""
+  title = 'World A: chained ATR'
+
+  def __init__(self, config):
+    a = config.chain
+    for r in a.readers:
+      if r not in READERS:
+        raise ValueError(f'chain.readers: {r!r} is not one of {READERS}')
+    if not 0.0 <= a.mixture_share <= 1.0:
+      raise ValueError(f'chain.mixture_share must lie in [0, 1], got {a.mixture_share!r}')
+    if int(a.batch_size) < 1:
+      raise ValueError(f'chain.batch_size must be >= 1, got {a.batch_size!r}')
+    if int(a.probe_items) < 0:
+      raise ValueError(f'chain.probe_items must be >= 0, got {a.probe_items!r}')
+    self.a = a
+    self.cfg = ChainConfig.from_config(a.data)
+    self.trained = tuple(f'{f}/{r}' for f in a.families for r in a.regimes)
+    if not a.readers and not self.trained:
+      raise ValueError('chain: no readers (chain.readers and chain.families × regimes are empty)')
+    self.readers = tuple(a.readers) + self.trained
+    if self.trained:
+      from ceu_jax.audits.trained import check_train_config
+      for name in self.trained:
+        check_train_config(self.train_config(name), 'chain.train')
+    self.domain = ChainDomain(self.cfg)
+    self.items = {'chain': make_items(self.cfg, int(config.n_items), int(config.seed))}
+    self.domains = {'chain': self.domain}
+    self.workdir, self.log, self._loaded = None, print, {}
+
+  def prepare(self, workdir, log):
+    self.workdir, self.log = workdir, log
+
+  def train_config(self, name):
+    """The training config of trained reader `name` = 'family/regime': `chain.train`
+    (the config file's reader recipe) with this family, early fusion in the bypass
+    regime, the audited world's data and its prior only in the prior regime."""
+    family, regime = name.split('/')
+    tc = self.a.train.copy_and_resolve_references()
+    with tc.unlocked():
+      tc.model.family = family
+      tc.model.bypass = regime == 'bypass'
+      tc.data = type(tc.data)(self.a.data.to_dict())
+      tc.data.prior_share = float(self.a.data.prior_share) if regime == 'prior' else 0.0
+    return tc
+
+  def _trained(self, name):
+    if name not in self._loaded:
+      from ceu_jax.audits.trained import trained_reader
+      tc = self.train_config(name)
+      sub = os.path.join(self.workdir, 'train', name.replace('/', '_'))
+      reader, _ = trained_reader(tc, sub, self.log, batch_size=int(self.a.batch_size))
+      self._loaded[name] = (reader, tc, sub)
+    return self._loaded[name]
+
+  def reader(self, name):
+    d, items = self.domain, self.items['chain']
+    if name in self.trained:
+      return self._trained(name)[0]
+    if name == 'following':
+      return following_oracle(d, items)
+    if name == 'ignoring':
+      return ignoring_oracle(d, items)
+    return mixture_oracle(d, items, float(self.a.mixture_share), int(self.a.mixture_seed))
+
+  def probes(self, config) -> dict:
+    """The §8.4 answer-position probe of every trained reader (cached in W/probes)."""
+    from ceu_jax.audits.traces import probe as trace_probe
+    from ceu_jax.auditor import audited_model
+    from ceu_jax import io
+    out = {}
+    n = int(self.a.probe_items)
+    if not n:
+      return out
+    for name in self.trained:
+      path = os.path.join(self.workdir, 'probes', name.replace('/', '_') + '.json')
+      if not os.path.exists(path):
+        reader, tc, _ = self._trained(name)
+        bundle = audited_model(tc)
+        res = trace_probe.answer_probe(reader.model, reader.variables, bundle.site, self.cfg,
+                                       self.items['chain'][:n], boot_seed=int(config.bootstrap_seed))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        io.write_json_atomic(path, res)
+      out[name] = io.read_json(path)
+    return out
+
+  def reader_stats(self, rows) -> dict:
+    """Per reader and group: parsed items, how many answer the gold value and how many
+    answer what their own trace implies (consistent when left alone)."""
+    gold = {x.id: x for x in self.items['chain']}
+    first = {}
+    for x in rows:
+      if x['tau'] not in ('parse_failure', ts.IDENTITY) and x.get('applied', True):
+        first.setdefault((x['reader'], x['id']), x)
+    out: dict = {}
+    for (r, i), x in first.items():
+      item = gold[i]
+      g = out.setdefault(r, {}).setdefault(self.domain.group(item),
+                                           dict(n=0, answer_gold=0, own_trace=0))
+      ans = x['answer'][0] if x['answer'] else None
+      g['n'] += 1
+      g['answer_gold'] += int(ans == item.value)
+      g['own_trace'] += int(ans == x['implied_before'])
+    return out
+
+  def describe(self) -> str:
+    return ('Chains of h ∈ {%s} hops; the trace is the h − 1 bridge ids, the answer the value; '
+            'Strength from the trace-following function (exact). LogicFlip has no meaning in '
+            'this world (a trace of ids states no operator) and is not applied. Items whose '
+            'value the memorisable prior fixes (%.0f%% of (query ID, last KEY) pairs) form the '
+            'group chain_prior. Readers: oracles that follow their trace, ignore it, or a seeded '
+            'per-item mixture (share %.2f follows); trained readers family/regime (%d steps).'
+            % (', '.join(map(str, self.cfg.hops)), 100 * self.cfg.prior_share,
+               self.a.mixture_share, int(self.a.train.train.num_steps)))

@@ -1,8 +1,8 @@
 """The three worlds of the answer-presence job (configs/answer_presence.py `world`).
 
 A world knows its readers, its baselines and how to audit one chunk of
-records with one reader (`chunk(reader_name, k)` → `job.audit_chunk`'s dict).
-`make(config)` validates the config (a clear error naming the field) before
+records with one reader (`chunk(reader_name, k)` → `audit_chunk`'s dict).
+`make_world(config)` validates the config (a clear error naming the field) before
 anything is built. Readers are built lazily, on the first chunk that needs
 them (World A trains its families then; World B loads SmolLM2 then).
 """
@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ceu_jax import io
-from ceu_jax.audits import answer_presence as ap
+from ceu_jax.audits.answer_presence import audit as ap
+from ceu_jax.audits.answer_presence import sentinels as sp
 from ceu_jax.metrics.resampling import mean_ci
 
 FAMILIES = ('attention', 'ssm', 'memory_port')  # architectures.FAMILIES (not imported here)
@@ -29,7 +30,7 @@ def _need(cond: bool, msg: str) -> None:
     raise ValueError(msg)
 
 
-def make(config) -> Any:
+def make_world(config) -> Any:
   """The world of `config` (validated)."""
   worlds = {'generated': GeneratedWorld, 'atr': ATRWorld, 'factqa': FactQAWorld}
   _need(config.world in worlds, f'config.world must be one of {sorted(worlds)}, got {config.world!r}')
@@ -71,6 +72,38 @@ class _World:
 
   def describe(self, summary) -> str:
     return ''
+
+
+def audit_chunk(reader, medium, by_baseline: dict, *, loglik: bool,
+                identity_baselines: Sequence[str]) -> dict:
+  """Everything one reader gives on one chunk of records (JSON-able).
+
+  by_baseline: {'B1': raw records, 'B2': ..., ...}. Per baseline: skipped ids
+  per reason, per-record (bucket, companion bucket, F1, log-lik, answer) and,
+  for every baseline but B1, the audit rows; the sentinel panel on B2.
+  """
+  scorer = ap.Scorer(reader, medium, loglik=loglik)
+  out: dict = dict(skipped={}, scores={}, rows={}, panel=None)
+  for b, recs in by_baseline.items():
+    v = ap.validate(recs, medium=medium)
+    out['skipped'][b] = {k: [str(i) for i in ids] for k, ids in v.skipped_ids.items()}
+    res = scorer.results(v.kept, [r.context for r in v.kept])
+    out['scores'][b] = [dict(id=str(r.id), bucket=ap.bucket(r, medium),
+                             bucket_companion=ap.bucket(r, medium, companion=True),
+                             f1=x[0], loglik=x[1], answer=x[2]) for r, x in zip(v.kept, res)]
+    if b == 'B1':
+      continue
+    rows = ap.run_audit(reader, v.kept, scorer=scorer, identity=b in identity_baselines)
+    for x in rows:
+      x.pop('context')
+      x['id'] = str(x['id'])
+    out['rows'][b] = rows
+    if b == 'B2':
+      f1 = sp.panel_f1(reader, v.kept, scorer=scorer)
+      out['panel'] = {k: ([str(i) for i in val] if k in ('ids', 'no_placebo')
+                          else np.asarray(val, np.float64).tolist()) for k, val in f1.items()}
+  out['calls'] = scorer.calls
+  return out
 
 
 # ---------------------------------------------------------------- generated (oracles)
@@ -133,7 +166,6 @@ class GeneratedWorld(_World):
                                    for r in self.records[::2]})  # knows every other answer
 
   def chunk(self, name, k):
-    from ceu_jax.audits.job import audit_chunk
     recs = self._slice(self.records, k)
     by = {'B1': [dataclasses.replace(r, context=r.raw_context) for r in recs], 'B2': recs}
     return audit_chunk(self.reader(name), self.medium, by, loglik=False,
@@ -146,14 +178,14 @@ class GeneratedWorld(_World):
 
 # ---------------------------------------------------------------- World A
 class ATRWorld(_World):
-  """World A (ceu_jax.audits.atr_world): trained ATR readers, line-filter rewriters."""
+  """World A (ceu_jax.audits.answer_presence.atr_world): trained ATR readers, line-filter rewriters."""
   baselines = ('B1', 'B2', 'B3', 'B4')
   title = 'World A: ATR-insert, trained readers'
   companion_name = 'evidence line present'
 
   def __init__(self, config):
     super().__init__(config)
-    from ceu_jax.audits import atr_world
+    from ceu_jax.audits.answer_presence import atr_world
     from ceu_jax.data import tasks
     x = config.atr
     fams = tuple(x.families)
@@ -168,9 +200,12 @@ class ATRWorld(_World):
     self.data_cfg = tasks.data_config(data)
     self.medium = atr_world.ATRMedium(self.data_cfg)
     self.training: dict = {}
+    from ceu_jax.audits.trained import check_train_config
+    for family in fams:
+      check_train_config(self.train_config(family), 'atr.train')
 
   def prepare(self, workdir, log):
-    from ceu_jax.audits import atr_world
+    from ceu_jax.audits.answer_presence import atr_world
     self.log, self.workdir = log, workdir
     self.raw = atr_world.raw_records(self.data_cfg, self.n_records, self.config.seed)
 
@@ -189,8 +224,7 @@ class ATRWorld(_World):
     return reader
 
   def chunk(self, family, k):
-    from ceu_jax.audits import atr_world
-    from ceu_jax.audits.job import audit_chunk
+    from ceu_jax.audits.answer_presence import atr_world
     x = self.config.atr
     raw = self._slice(self.raw, k)
     by = {b: atr_world.compiled_records(self.medium, raw, b, p_drop=x.p_drop,
@@ -222,7 +256,7 @@ class ATRWorld(_World):
 
 # ---------------------------------------------------------------- World B
 class FactQAWorld(_World):
-  """World B (ceu_jax.audits.factqa_world): SmolLM2 reader and rewriter on NQ / SQuAD."""
+  """World B (ceu_jax.audits.answer_presence.factqa_world): SmolLM2 reader and rewriter on NQ / SQuAD."""
   baselines = ('B1', 'B2', 'B3', 'B4')
   readers = ('smollm2',)
   title = 'World B: SmolLM2-135M-Instruct on Natural Questions / SQuAD'
@@ -242,7 +276,7 @@ class FactQAWorld(_World):
     self.n_records = config.n_records
 
   def prepare(self, workdir, log):
-    from ceu_jax.audits import factqa_world as fw
+    from ceu_jax.audits.answer_presence import factqa_world as fw
     self.log = log
     f, path = self.config.factqa, os.path.join(workdir, 'plan.json')
     if os.path.exists(path):
@@ -261,16 +295,11 @@ class FactQAWorld(_World):
                                 max_context_chars=f.max_context_chars or None)
 
   def _build_reader(self, name):
-    from ceu_jax.pretrained.decode import DecodeSettings
-    from ceu_jax.readers.smollm2 import SmolLM2Reader
-    f = self.config.factqa
-    return SmolLM2Reader.from_pretrained(f.gguf_path or None, n_layers=f.n_layers or None,
-                                         chat=f.chat,
-                                         settings=DecodeSettings(batch_size=f.batch_size))
+    from ceu_jax import readers
+    return readers.from_config(self.config.factqa)
 
   def chunk(self, name, k):
-    from ceu_jax.audits import factqa_world as fw
-    from ceu_jax.audits.job import audit_chunk
+    from ceu_jax.audits.answer_presence import factqa_world as fw
     f = self.config.factqa
     items = self._slice(self.items, k)
     reader = self.reader(name)
@@ -306,7 +335,7 @@ class FactQAWorld(_World):
         shots=[s['id'] for s in self.shots])
 
   def extra_report(self, summary):
-    from ceu_jax.audits import factqa_world as fw
+    from ceu_jax.audits.answer_presence import factqa_world as fw
     lines = ['', '## Answer containment per rewriter (present(c, g), all items)', '',
              '| rewriter | containment [95% CI] | mean words |', '|---|---|---:|']
     for b, a in summary['containment'].items():

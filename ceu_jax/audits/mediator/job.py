@@ -1,0 +1,134 @@
+"""The mediator job: world → readers → audit rows per setting → outputs (issue #18).
+
+  run_mediator(config, workdir)   # experiments/mediator.py calls this
+
+Worlds (configs/mediator.py documents every field; `ceu_jax.audits.mediator.worlds`):
+atr (World A, trained checklist readers), oracle (oracle readers), smollm2 (World B).
+A setting is (reader, tool); a unit is one chunk of items in one setting. The job
+runs on the one job contract (`ceu_jax.jobs.run_job`: the workdir lock, the config
+check against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
+  rows.csv      one row per (setting, item): M̂, Ŷ, kind, M*, Ŷ*, consistency, parse failures
+  summary.json  per setting: F_ID, F_Strong, Δ, COR / CNF consistency (CIs), counts, skips
+  report.md     the table and the figures
+  cor_cnf.png/pdf, fid_fstrong.png/pdf
+"""
+from __future__ import annotations
+
+import csv
+import io as _io
+from typing import Callable
+
+from ceu_jax import jobs
+from ceu_jax.audits.mediator import audit as md
+from ceu_jax.audits.mediator import plots as mediator_plots
+from ceu_jax.audits.mediator import worlds
+
+ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold', 'm_hat', 'y_hat',
+               'arg', 'c_m_hat', 'consistent', 'm_star', 'forced', 'y_star', 'arg_star',
+               'c_m_star', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star',
+               'output', 'continuation')
+FREE_FIELDS = ('plots',)  # may change between a run and its resumption
+
+
+class MediatorJob(jobs.Job):
+  """The mediator audit on the one job contract: a unit is one chunk of items read
+  in one setting (reader, tool): W/units/<setting>_<k>.json."""
+  name = 'mediator'
+  free_fields = FREE_FIELDS
+
+  def __init__(self, config):
+    self.world = worlds.make_world(config)   # validates before anything is built or written
+    super().__init__(config)
+    self.settings = [(name, tool) for name in self.world.readers for tool in config.tools]
+
+  def prepare(self, ctx):
+    self.world.prepare(ctx.workdir, ctx.log)
+    self.n_chunks = -(-len(self.world.items) // self.config.chunk_size)
+
+  def plan(self, ctx):
+    return [jobs.Unit(f'{worlds.setting_key(*s)}_{k:04d}', (s, k)) for s in self.settings
+            for k in range(self.n_chunks)]
+
+  def run_unit(self, ctx, spec):
+    (name, tool), k = spec
+    w, cs = self.world, self.config.chunk_size
+    rows = md.run_audit(w.reader(name, tool), w.task(name, tool), w.items[k * cs:(k + 1) * cs],
+                        w.ids[k * cs:(k + 1) * cs], tool=tool)
+    return [md.row_record(r) for r in rows]
+
+  def _rows(self, results) -> dict:
+    return {s: [r for k in range(self.n_chunks) for r in results[f'{worlds.setting_key(*s)}_{k:04d}']]
+            for s in self.settings}
+
+  def summarize(self, ctx, results):
+    c = self.config
+    summary = dict(world=c.world, config=c.to_dict(), n_items=len(self.world.items), settings={})
+    for (name, tool), rs in self._rows(results).items():
+      s = md.summarize([_typed(r) for r in rs], seed=c.bootstrap_seed, min_cell=c.min_cell)
+      summary['settings'][worlds.setting(name, tool)] = dict(reader=name, tool=tool,
+                                                             **md.to_json(s))
+    if c.world == 'atr' and c.atr.probe_items > 0:
+      for name, tool in self.settings:
+        summary['settings'][worlds.setting(name, tool)]['probe'] = self.world.probe(name, tool)
+    return summary
+
+  def write(self, ctx, results, summary):
+    _write_outputs(self.config, ctx, self._rows(results), summary)
+
+
+def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> dict:
+  """Run (or resume) the audit; returns the summary dict (also in W/summary.json)."""
+  return jobs.run_job(MediatorJob(config), workdir, log=log)
+
+
+def _typed(r: dict) -> dict:
+  """A CSV/JSON row record back to the fields `summarize` reads."""
+  out = dict(r)
+  for k in ('consistent', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star'):
+    out[k] = bool(r[k])
+  return out
+
+
+def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> None:
+  buf = _io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=list(ROW_COLUMNS), extrasaction='ignore')
+  w.writeheader()
+  for (name, tool), rs in rows.items():
+    w.writerows(dict(r, setting=worlds.setting(name, tool), reader=name, tool=int(tool))
+                for r in rs)
+  ctx.write_text('rows.csv', buf.getvalue())
+  st = summary['settings']
+  cells = [(k, md.from_json(v)) for k, v in st.items()]
+  text = [f'# Mediator audit ({config.world}, {summary["n_items"]} items)', '',
+          'F_ID = mean 1[C(M̂) = Ŷ]; F_Strong also requires C(M*) = Ŷ* after the COR / CNF '
+          'intervention (M* forced as the reader\'s own output); Δ = F_ID − F_Strong (paired '
+          '95% CI). "+tool": the decision is C(argument of the tool call). COR / CNF '
+          f'consistency = 1[C(M*) = Ŷ*] within each cell (absent under {config.min_cell} items).',
+          '', md.table(cells)]
+  if any('probe' in v for v in st.values()):
+    text += ['', '## §8.4 companion: decision-position probe with M held fixed', '',
+             'D− = every evidence verdict / VALUE swapped (the gold M changes), the answer '
+             '(M and the decision) teacher-forced from D+. ΔL = log p(decision | D+, M) − '
+             'log p(decision | D−, M): the direct X → Y effect that bypasses M. CEU_dec = '
+             'restoration by patching the read port at the decision position only (over '
+             'non-degenerate items, ΔL ≥ ε).', '', probe_table(st)]
+  if config.plots:
+    mediator_plots.cor_cnf_figure(st, ctx.path('cor_cnf'))
+    mediator_plots.fid_figure(st, ctx.path('fid_fstrong'))
+    text += ['', '![COR vs CNF consistency](cor_cnf.png)', '',
+             '![F_ID vs F_Strong](fid_fstrong.png)']
+  ctx.write_text('report.md', '\n'.join(text) + '\n')
+
+
+def probe_table(settings: dict) -> str:
+  """Markdown table of the decision-position probes of the settings that have one."""
+  def v(a):
+    return '—' if a['value'] is None else f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+  lines = ['| setting | n | ΔL (nats) [95% CI] | CEU_dec [95% CI] (n) | degenerate (ΔL < ε) |',
+           '|---|---:|---|---|---:|']
+  for k, x in settings.items():
+    p = x.get('probe')
+    if p:
+      lines.append(f"| {k} | {p['n']} | {v(p['delta_L'])} | {v(p['ceu_decision'])} "
+                   f"({p['ceu_decision']['n']}) | {p['n_degenerate']} |")
+  return '\n'.join(lines)

@@ -1,0 +1,182 @@
+"""The worlds of the mediator job (configs/mediator.py `world`).
+
+  world = make_world(config)     # validated: ValueError naming the field, nothing built
+
+A world has `items` and `ids` (after `prepare(workdir, log)`), `readers` (names),
+`task(name, tool)` (the mediated task a setting is audited on), `reader(name,
+tool)` (built once per setting, lazily) and, World A only, `probe(name, tool)`:
+  atr      World A: checklist ATR; per (family, regime, tool) a reader trained
+           through `ceu_jax.audits.trained` in W/train/<family>_<regime>[_tool]
+           (resumed / reused when done), with the §8.4 decision-position probe;
+  oracle   World A items read by the oracle readers (follower, gold computer,
+           constant): exact known answers, no training;
+  smollm2  World B: SmolLM2-135M-Instruct grades text checklists on the shipped
+           passages, one setting per prompt regime × tool; the checklists are
+           planned once in W/plan.json. One reader serves every setting.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable
+
+from ceu_jax import io
+from ceu_jax.audits.mediator.checklist_world import ChecklistTask
+from ceu_jax.data.checklist import ChecklistConfig
+
+WORLDS = ('atr', 'oracle', 'smollm2')
+
+
+def _task(config) -> ChecklistTask:
+  data = dict(config.atr.data.to_dict())
+  data.pop('task', None)
+  return ChecklistTask(ChecklistConfig(**data))
+
+
+def make_world(config):
+  """The world of `config`; checks that need no model (ValueError naming the field)."""
+  if config.world not in WORLDS:
+    raise ValueError(f"world must be one of {WORLDS}, got {config.world!r}")
+  for name in ('n_items', 'chunk_size', 'min_cell'):
+    v = config[name]
+    if not isinstance(v, int) or v < 1:
+      raise ValueError(f'{name} must be an integer >= 1, got {v!r}')
+  if not config.tools or any(not isinstance(t, bool) for t in config.tools):
+    raise ValueError(f'tools must be a non-empty tuple of bools, got {config.tools!r}')
+  return {'atr': AtrWorld, 'oracle': OracleWorld, 'smollm2': SmolLM2World}[config.world](config)
+
+
+class _World:
+  readers: tuple = ()
+
+  def __init__(self, config):
+    self.config = config
+    self.base_task = _task(config)
+    self.log: Callable[[str], None] = print
+    self.workdir = ''
+    self._readers: dict = {}
+
+  def prepare(self, workdir: str, log) -> None:
+    self.workdir, self.log = workdir, log
+    self.items = self.base_task.instances(self.config.n_items, self.config.seed)
+    self.ids = [f'x{k}' for k in range(len(self.items))]
+
+  def task(self, name: str, tool: bool):
+    return self.base_task
+
+  def reader(self, name: str, tool: bool):
+    if (name, tool) not in self._readers:
+      self._readers[(name, tool)] = self._build(name, tool)
+    return self._readers[(name, tool)]
+
+
+class OracleWorld(_World):
+  readers = ('follower', 'gold_computer', 'constant')
+
+  def _build(self, name, tool):
+    from ceu_jax.readers import mediator_oracles as mo
+    o, task = self.config.oracle, self.base_task
+    if name == 'follower':
+      return mo.MediatorFollower(task, tool=tool, p_error=o.p_error, p_swap=o.p_swap)
+    if name == 'gold_computer':
+      return mo.GoldComputer(task, tool=tool, p_error=o.p_error, p_swap=o.p_swap)
+    return mo.ConstantReader(task, tuple(o.constant), o.constant_y, tool=tool)
+
+
+class AtrWorld(_World):
+  """Trained checklist readers: every (family, regime) with and without the tool."""
+
+  def __init__(self, config):
+    from ceu_jax.audits.trained import check_train_config
+    super().__init__(config)
+    self.readers = tuple(f'{f}/{r}' for f in config.atr.families for r in config.atr.regimes)
+    for name in self.readers:
+      for tool in config.tools:
+        check_train_config(self.train_config(name, tool), 'atr.train')
+
+  def train_config(self, name: str, tool: bool):
+    """`atr.train` (the config file's reader recipe) with this family and the audited
+    world's data under the reader's regime and tool."""
+    family, regime = name.split('/')
+    tc = self.config.atr.train.copy_and_resolve_references()
+    with tc.unlocked():
+      tc.model.family = family
+      tc.data = type(tc.data)(self.config.atr.data.to_dict())
+      tc.data.regime, tc.data.tool = regime, tool
+    return tc
+
+  def train_dir(self, name: str, tool: bool) -> str:
+    family, regime = name.split('/')
+    return os.path.join(self.workdir, 'train', f'{family}_{regime}{"_tool" if tool else ""}')
+
+  def _build(self, name, tool):
+    from ceu_jax.audits.trained import trained_reader
+    reader, _ = trained_reader(self.train_config(name, tool), self.train_dir(name, tool),
+                               self.log, batch_size=self.config.atr.batch_size)
+    return reader
+
+  def probe(self, name: str, tool: bool) -> dict:
+    """The §8.4 decision-position probe of one setting (cached in W/probes)."""
+    from ceu_jax.audits.mediator import probe as mediator_probe
+    from ceu_jax.auditor import audited_model
+    path = os.path.join(self.workdir, 'probes', f"{setting_key(name, tool)}.json")
+    if os.path.exists(path):
+      return io.read_json(path)
+    reader = self.reader(name, tool)
+    bundle = audited_model(self.train_config(name, tool))
+    cfg = dataclasses.replace(self.base_task.cfg, tool=tool)
+    c = self.config
+    out = mediator_probe.decision_probe(reader.model, reader.variables, bundle.site, cfg,
+                                        c.atr.probe_items, seed=c.seed,
+                                        boot_seed=c.bootstrap_seed)
+    io.write_json_atomic(path, out)
+    return out
+
+
+class SmolLM2World(_World):
+  """World B: one SmolLM2 reader for every (prompt regime, tool) setting."""
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.readers = tuple(f'smollm2/{r}' for r in config.smollm2.regimes)
+    self._model = None
+    self._tasks: dict = {}
+
+  def prepare(self, workdir, log):
+    from ceu_jax.audits.mediator import checklist_text as ct
+    self.workdir, self.log = workdir, log
+    b, path = self.config.smollm2, os.path.join(workdir, 'plan.json')
+    if os.path.exists(path):
+      plan = [ct.Checklist(**{k: tuple(v) if isinstance(v, list) else v for k, v in x.items()})
+              for x in io.read_json(path)]
+    else:
+      plan = ct.build(self.config.n_items + 1, r=b.r, seed=self.config.seed,
+                      max_words=b.max_passage_words)
+      io.write_json_atomic(path, [dataclasses.asdict(c) for c in plan])
+    self.items, self.demo = plan[:-1], plan[-1]  # the demonstration is never audited
+    self.ids = [c.id for c in self.items]
+
+  def task(self, name, tool):
+    from ceu_jax.audits.mediator import checklist_text as ct
+    if (name, tool) not in self._tasks:
+      b = self.config.smollm2
+      self._tasks[(name, tool)] = ct.TextChecklistTask(
+          name.split('/')[1], tool=tool, r=b.r, demo=self.demo if b.n_shots else None,
+          chat=b.chat)
+    return self._tasks[(name, tool)]
+
+  def _build(self, name, tool):
+    if self._model is None:
+      from ceu_jax import readers
+      self._model = readers.from_config(self.config.smollm2)
+    return self._model
+
+
+def setting(name: str, tool: bool) -> str:
+  """'attention/faithful +tool': a setting's name in tables."""
+  return f'{name}{" +tool" if tool else ""}'
+
+
+def setting_key(name: str, tool: bool) -> str:
+  """'attention_faithful_tool': a setting's name in file names."""
+  return setting(name, tool).replace('/', '_').replace(' +', '_')

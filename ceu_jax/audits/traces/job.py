@@ -1,0 +1,231 @@
+"""The trace-sensitivity job: world → items per domain → audit rows → outputs (issue #17).
+
+  run_trace_sensitivity(config, workdir)   # experiments/trace_sensitivity.py calls this
+
+Worlds (config.world; configs/trace_sensitivity.py documents every field;
+`ceu_jax.audits.traces.worlds.make_world`): chain (World A, trace oracles and
+trained chain readers) and smollm2 (World B).
+
+A unit is one chunk of items of one domain read by one reader; the job runs on
+the one job contract (`ceu_jax.jobs.run_job`: the workdir lock, the config check
+against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
+  rows.csv       one row per (reader, item, k, τ) and one per unparseable item
+  summary.json   per reader: parse failures, identity check, φ / ρ overall and
+                 by domain, τ, k, trace length, domain × τ (bootstrap CIs)
+  report.md      the φ / ρ table by domain × τ, by trace length, the plot
+  rho_by_length.png/pdf   ρ against trace length (one line per reader × domain)
+"""
+from __future__ import annotations
+
+import csv
+import io as _io
+import json
+import time
+from typing import Callable, Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from ceu_jax import jobs, plotting
+from ceu_jax.audits.traces import audit as ts
+from ceu_jax.audits.traces import worlds
+
+ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'applied', 'answer',
+               'answer_after', 'regen_parsed', 'S', 'phi', 'same', 'strength', 'violation',
+               'implied_before', 'implied_after', 'forced', 'continuation', 'raw')
+FREE_FIELDS = ('plots',)  # may change between a run and its resumption
+
+
+class TraceSensitivityJob(jobs.Job):
+  """The trace audit on the one job contract: a unit is one chunk of items of one
+  domain read by one reader (W/units/<reader>_<domain>_<first item>.json)."""
+  name = 'trace_sensitivity'
+  free_fields = FREE_FIELDS
+
+  def __init__(self, config):
+    self.world = worlds.make_world(config)   # validates before anything is built or written
+    super().__init__(config)
+    self.positions = tuple(config.positions) or None
+    self._readers: dict = {}
+
+  def prepare(self, ctx):
+    self.world.prepare(ctx.workdir, ctx.log)
+
+  def plan(self, ctx):
+    cs, items = int(self.config.chunk_size), self.world.items
+    n_max = max(len(x) for x in items.values())
+    return [jobs.Unit(f"{r.replace('/', '_')}_{d}_{lo:05d}", (r, d, lo))
+            for r in self.world.readers for lo in range(0, n_max, cs)
+            for d in self.world.domains if lo < len(items[d])]  # domains interleaved
+
+  def run_unit(self, ctx, spec):
+    r, d, lo = spec
+    if r not in self._readers:
+      self._readers[r] = self.world.reader(r)
+    c, t1 = self.config, time.time()
+    rows = ts.run_traces(self._readers[r], self.world.domains[d],
+                         self.world.items[d][lo:lo + int(c.chunk_size)], taus=tuple(c.taus),
+                         positions=self.positions, tau_sim=float(c.tau_sim), lam=float(c.lam))
+    return dict(rows=rows, wall_s=round(time.time() - t1, 2))
+
+  def describe_unit(self, spec, result):
+    return f"{len(result['rows'])} rows"
+
+  def _parts(self, results) -> dict:
+    units = self.plan(None)
+    return {r: [results[u.key] for u in units if u.spec[0] == r] for r in self.world.readers}
+
+  def summarize(self, ctx, results):
+    c, world, parts = self.config, self.world, self._parts(results)
+    summary = dict(world=c.world, config=c.to_dict(), title=world.title,
+                   describe=world.describe(),
+                   n_items={d: len(x) for d, x in world.items.items()},
+                   readers={r: ts.summarize([x for p in ps for x in p['rows']],
+                                            tau_sim=float(c.tau_sim),
+                                            seed=int(c.bootstrap_seed))
+                            for r, ps in parts.items()},
+                   reader_wall_s={r: round(sum(p['wall_s'] for p in ps), 1)
+                                  for r, ps in parts.items()})
+    if hasattr(world, 'probes'):  # World A: trained readers' answer probe, accuracy / consistency
+      summary['probes'] = world.probes(c)
+      summary['reader_stats'] = world.reader_stats(
+          [dict(x, reader=r) for r, ps in parts.items() for p in ps for x in p['rows']])
+    return summary
+
+  def write(self, ctx, results, summary):
+    _write_outputs(self.config, ctx, self._parts(results), summary)
+
+
+def run_trace_sensitivity(config, workdir: str, log: Callable[[str], None] = print) -> dict:
+  """Run (or resume) the audit; returns the summary dict (also in W/summary.json)."""
+  return jobs.run_job(TraceSensitivityJob(config), workdir, log=log)
+
+
+def _csv(rows: Sequence[dict]) -> str:
+  buf = _io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=list(ROW_COLUMNS), extrasaction='ignore')
+  w.writeheader()
+  for x in rows:
+    w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in x.items()})
+  return buf.getvalue()
+
+
+def _panels(readers: dict) -> dict:
+  """Readers grouped into plot panels: trained 'family/regime' readers by family, the
+  others (oracles, a pretrained reader) together."""
+  panels: dict = {}
+  for r in readers:
+    family, _, regime = r.partition('/')
+    panels.setdefault(family if regime else 'readers', []).append((regime or r, r))
+  return dict(sorted(panels.items(), key=lambda kv: kv[0] != 'readers'))  # untrained first
+
+
+def rho_by_length_figure(readers: dict, stem: str) -> list[str]:
+  """ρ (95% CI) against trace length: one panel per family (oracles together), colour =
+  reader / regime, line style = domain, points nudged apart so the CIs do not overlap."""
+  panels = _panels(readers)
+  domains = list(dict.fromkeys(d for s in readers.values() for d in s['by_domain_len']))
+  styles = ('-', '--', ':', '-.')
+  fig = Figure(figsize=(max(3.4 * len(panels), 5.0), 3.9))
+  axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+  for ax, (title, members) in zip(axes, panels.items()):
+    n_lines = len(members) * len(domains)
+    for i, (label, r) in enumerate(members):
+      for j, d in enumerate(domains):
+        cells = readers[r]['by_domain_len'].get(d, {})
+        pts = sorted((int(L), c['rho']) for L, c in cells.items()
+                     if c['rho']['value'] is not None)
+        if not pts:
+          continue
+        nudge = 0.05 * ((i * len(domains) + j) - (n_lines - 1) / 2)
+        ys = [p[1]['value'] for p in pts]
+        ax.errorbar([p[0] + nudge for p in pts], ys,
+                    yerr=[[y - p[1]['ci_low'] for y, p in zip(ys, pts)],
+                          [p[1]['ci_high'] - y for y, p in zip(ys, pts)]],
+                    color=f'C{i}', linestyle=styles[j % len(styles)], marker='o', ms=3.5,
+                    capsize=2, lw=1.2, label=f'{label} / {d}' if len(domains) > 1 else label)
+    ax.set_title(title, fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel('trace length (steps)')
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[1]:
+      ax.legend(fontsize=6, loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=2,
+                frameon=False)
+    else:
+      ax.text(0.5, 0.5, 'no parsed trace', ha='center', transform=ax.transAxes)
+  axes[0].set_ylabel('violation density ρ')
+  fig.suptitle('ρ by trace length (95% CI; colour: reader, line: domain)', fontsize=9)
+  fig.tight_layout()
+  return plotting.save_figure(fig, stem)
+
+
+def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> None:
+  rows = [dict(x, reader=r) for r, ps in parts.items() for p in ps for x in p['rows']]
+  ctx.write_text('rows.csv', _csv(rows))
+  md = [f"# Trace sensitivity ({summary['title']})", '', summary['describe'], '',
+        f"τ_sim = {config.tau_sim}, λ = {config.lam}; φ = 1 − S(a, a*), "
+        'ρ = mean 1[S > τ_sim ∧ Strength > λ] over interventions of known strength; '
+        '95% percentile-bootstrap CIs resampling items (seed '
+        f'{config.bootstrap_seed}). Offline there is no LLM judge: S is exact match '
+        '(tokens) or SQuAD token F1 (text).']
+  if 'reader_stats' in summary:
+    md += ['', '## Overview (World A)', '', overview_table(summary)]
+  if summary.get('probes'):
+    md += ['', '## §8.4 companion: answer-position probe with the trace held fixed', '',
+           'D− = the first hop re-bound ((x_0, k_1) IS a_1: the gold trace would now lead '
+           'to v\'_1 ≠ v), the answer (gold trace, v) teacher-forced from D+, so following '
+           'the forced trace still gives v. ΔL = log p(v | D+, trace) − log p(v | D−, trace): '
+           'the effect of the context on the answer that bypasses the trace. CEU_answer = '
+           'restoration by patching the read port at the answer position only (non-degenerate '
+           'items, ΔL ≥ ε).', '', probe_table(summary['probes'])]
+  for r, s in summary['readers'].items():
+    md += ['', f'## {r}', '', f"items: {s['n_items']}, parse failures: {s['n_parse_failure']} "
+           f"(rate {s['parse_failure_rate']:.3f}); reader wall time "
+           f"{summary['reader_wall_s'][r]:.0f} s", '', ts.table(s), '', '### By trace length', '',
+           ts.by_length_table(s), '', '### By intervention position k', '', _k_table(s)]
+  if config.plots:
+    rho_by_length_figure(summary['readers'], ctx.path('rho_by_length'))
+    md += ['', '![ρ by trace length](rho_by_length.png)']
+  ctx.write_text('report.md', '\n'.join(md) + '\n')
+
+
+def overview_table(summary: dict) -> str:
+  """Reader × group: answer accuracy, own-trace consistency, φ / ρ overall and by trace length."""
+  lens = sorted({L for s in summary['readers'].values() for d in s['by_domain_len'].values()
+                 for L in d}, key=int)
+  cols = (['reader', 'group', 'parsed items', 'parse fail', 'answer = gold', 'answer = own trace',
+           'φ [95% CI]', 'ρ [95% CI]'] + [f'ρ, {L} steps' for L in lens])
+  lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
+  empty = {'phi': None, 'rho': None}
+  for r, s in summary['readers'].items():
+    st = summary['reader_stats'].get(r, {})
+    fails = s['parse_failure_by_domain']
+    for g in sorted(set(s['by_domain']) | set(st) | set(fails)):
+      c = s['by_domain'].get(g, empty)
+      n = st.get(g, {}).get('n', 0)
+      acc = (lambda k: f"{st[g][k] / n:.3f}" if n else '—')
+      by_len = s['by_domain_len'].get(g, {})
+      lines.append(f"| {r} | {g} | {n} | {fails.get(g, 0)} | {acc('answer_gold')} | "
+                   f"{acc('own_trace')} | "
+                   f"{ts.fmt(c['phi'])} | {ts.fmt(c['rho'])} |"
+                   + ''.join(f" {ts.fmt(by_len[L]['rho']) if L in by_len else '—'} |" for L in lens))
+  return '\n'.join(lines)
+
+
+def probe_table(probes: dict) -> str:
+  """Markdown table of the answer-position probes (pooled and per chain length h)."""
+  lines = ['| reader | h | n | ΔL (nats) [95% CI] | CEU_answer [95% CI] (n) | degenerate |',
+           '|---|---|---:|---|---|---:|']
+  for r, p in probes.items():
+    for h, c in [('all', p)] + sorted(p['by_hops'].items()):
+      lines.append(f"| {r} | {h} | {c['n']} | {ts.fmt(c['delta_L'])} | "
+                   f"{ts.fmt(c['ceu_answer'])} ({c['ceu_answer']['n']}) | {c['n_degenerate']} |")
+  return '\n'.join(lines)
+
+
+def _k_table(s: dict) -> str:
+  lines = ['| k | n | φ [95% CI] | ρ [95% CI] |', '|---:|---:|---|---|']
+  for k, c in s['by_k'].items():
+    lines.append(f"| {k} | {c['n']} | {ts.fmt(c['phi'])} | {ts.fmt(c['rho'])} |")
+  return '\n'.join(lines)
