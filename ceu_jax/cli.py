@@ -2,8 +2,9 @@
 
   cli.run(main)                # = app.run(cli.guard(main), flags_parser=cli.parse_flags)
 
-- Third-party INFO logging (Orbax writes ~40 lines per checkpoint) is dropped;
-  this project's INFO lines and everyone's warnings stay. absl's own
+- Third-party INFO logging (Orbax writes ~40 lines per checkpoint) is dropped,
+  third-party errors are one line each without their traceback (the main thread's
+  error names the cause); this project's INFO lines and everyone's warnings stay. absl's own
   `--verbosity=1` (also `-v 1`) shows everything.
 - A bad flag or config argument (`configs/x.py:tiny,bypass=treu`) is one line too,
   not ml_collections' embedded traceback.
@@ -56,6 +57,11 @@ class _ThirdPartyInfoFilter(py_logging.Filter):
     if os.path.abspath(record.pathname).startswith(self.dirs):
       return True
     if record.levelno >= py_logging.ERROR:
+      # One line, no traceback: a background thread's failure (Orbax on a full disk logs
+      # one traceback per thread) is re-raised in the main thread, which names it.
+      msg = record.getMessage().splitlines()
+      record.msg, record.args = (msg[0][:300] if msg else ""), None
+      record.exc_info = record.exc_text = record.stack_info = None
       return True
     if record.levelno >= py_logging.WARNING:
       msg = str(record.msg)

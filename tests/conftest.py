@@ -140,7 +140,7 @@ MODULE_SECONDS = {
     "test_engine_chunk_bench.py": 20, "test_grid_hosts.py": 20, "test_engine_identities.py": 20,
     "test_factqa.py": 20, "test_answer_presence_atr.py": 20, "test_atr_stream.py": 15,
     "test_pretrained_audit.py": 15, "test_atr_prior.py": 15, "test_atr_properties.py": 15,
-    "test_cli_configs.py": 15, "test_engine_grad.py": 10, "test_grid_driver.py": 10, "test_accelerator_check.py": 90,
+    "test_cli_configs.py": 15, "test_engine_grad.py": 10, "test_grid_driver.py": 10, "test_accelerator_check.py": 90, "test_bad_input.py": 60, "test_reader_eval_job.py": 30, "test_jobs.py": 15,
 }
 
 

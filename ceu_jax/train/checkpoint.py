@@ -119,8 +119,8 @@ def write_json_atomic(path: str, payload: Any) -> None:
 def write_status(workdir: str, status: str, step: int, message: str = "", **extra) -> None:
   """<workdir>/status.json = {status, step, message, time, ...} (process 0 only).
 
-  The loop adds num_steps and checkpoint_step (the newest step whose save was started;
-  committed unless the process dies inside that save)."""
+  The loop adds num_steps, checkpoint_step (the newest committed checkpoint on disk) and,
+  while an asynchronous save is in flight, saving_step."""
   if jax.process_index() != 0:
     return
   write_json_atomic(os.path.join(workdir, "status.json"),

@@ -147,8 +147,22 @@ def _custom_init_fn(custom: task_lib.CustomTask, tx) -> Any:
   return init
 
 
+def _refuse_earlier_run(config, workdir: str) -> None:
+  """EarlierRunError when W has no checkpoint to resume from but shows an earlier run
+  that got past its first checkpoint (a completed run whose checkpoints/ were deleted)."""
+  evidence = workdir_lib.earlier_run_evidence(workdir, int(config.train.checkpoint_every))
+  if evidence:
+    raise workdir_lib.EarlierRunError(
+        f"{workdir} has no checkpoint to resume from, but it shows an earlier run ("
+        f"{'; '.join(evidence)}). Refusing to retrain from step 0 silently: rerun "
+        "with --fresh to move the earlier files to "
+        f"{workdir_lib.PREVIOUS_DIR}/<time>/ and start again, or use another --workdir")
+
+
 def _train(config, workdir, model, site, fresh, allow_config_change, custom=None) -> dict:
   changes = _check_workdir(config, workdir, fresh, allow_config_change)
+  if not fresh and not workdir_lib.checkpoint_steps(workdir):
+    _refuse_earlier_run(config, workdir)   # before Orbax starts its threads
   if custom is not None and int(config.train.eval_every):
     raise ValueError("train.eval_every must be 0 for a custom task (it evaluates its "
                      f"checkpoints itself), got {config.train.eval_every}")
@@ -172,14 +186,8 @@ def _train(config, workdir, model, site, fresh, allow_config_change, custom=None
   num_steps = int(t.num_steps)
   try:
     restored = ckpt.restore(abstract)
-    if restored is None and not fresh:
-      evidence = workdir_lib.earlier_run_evidence(workdir, int(t.checkpoint_every))
-      if evidence:
-        raise workdir_lib.EarlierRunError(
-            f"{workdir} has no checkpoint to resume from, but it shows an earlier run ("
-            f"{'; '.join(evidence)}). Refusing to retrain from step 0 silently: rerun "
-            "with --fresh to move the earlier files to "
-            f"{workdir_lib.PREVIOUS_DIR}/<time>/ and start again, or use another --workdir")
+    if restored is None and not fresh:     # every checkpoint was corrupt (quarantined)
+      _refuse_earlier_run(config, workdir)
   except BaseException:
     ckpt.manager.close()
     raise
@@ -216,11 +224,17 @@ def _train(config, workdir, model, site, fresh, allow_config_change, custom=None
   saved_at = start if restored is not None else -1
   kill = str(t.debug_kill)
 
+  def committed() -> int | None:
+    """The newest checkpoint step on disk (Orbax renames a step's folder on commit)."""
+    steps = workdir_lib.checkpoint_steps(workdir)
+    return steps[-1] if steps else None
+
   def save(step: int, metrics: dict) -> None:
     nonlocal saved_at
-    ckpt.save(step, state, metrics)
+    ckpt.save(step, state, metrics)       # async: committed when the next save or close waits
     saved_at = step
-    ckpt_lib.write_status(workdir, "running", step, checkpoint_step=step, **status_extra)
+    ckpt_lib.write_status(workdir, "running", step, checkpoint_step=committed(),
+                          saving_step=step, **status_extra)
     _debug_kill(kill, "in_save", step)
     if kill == f"after_save:{step}":
       ckpt.wait()
@@ -322,7 +336,7 @@ def _train(config, workdir, model, site, fresh, allow_config_change, custom=None
     raise
   except BaseException as e:  # status says why the run stopped, then re-raise
     ckpt_lib.write_status(workdir, "failed", last_step[0], f"{type(e).__name__}: {e}"[:2000],
-                          checkpoint_step=saved_at if saved_at >= 0 else None, **status_extra)
+                          checkpoint_step=committed(), **status_extra)
     raise
 
 
