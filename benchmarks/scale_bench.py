@@ -49,7 +49,7 @@ import architectures
 from ceu_jax import io as io_lib
 from ceu_jax.data import tasks
 from ceu_jax.train import config as config_lib
-from ceu_jax.train import sharding as sharding_lib
+from ceu_jax import sharding as sharding_lib
 from ceu_jax.train import state as state_lib
 from ceu_jax.train import task as task_lib
 from configs import paper

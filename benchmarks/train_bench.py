@@ -13,7 +13,7 @@ per-step time is reported with its ratio to plain. SPEC §4 expects about
 The last line is `TARGET cer_k3_step_ratio <x> <= 3.0 PASS|MISS`.
 
 SmolLM2 fine-tuning (issue #21): `--smollm2=cpu` (an argument of
-configs/smollm2_cer.py) times the loop's step of `ceu_jax.pretrained.cer_task` on
+configs/smollm2_cer.py) times the loop's step of `ceu_jax.finetune.task` on
 SmolLM2-135M with LoRA: plain (cer.regularizer none), CER at k = 3 by the causal
 tail (`model.cer_path` tail) and CER at k = 3 by full recompute (cer_path full),
 and ends with `TARGET cer_step_cost_k3 <x> <= 3.0 PASS|MISS` (tail / plain).
@@ -30,7 +30,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from ceu_jax.train import config as config_lib
-from ceu_jax.train import sharding as sharding_lib
+from ceu_jax import sharding as sharding_lib
 from ceu_jax.train import state as state_lib
 from ceu_jax.train import task as task_lib
 
@@ -91,7 +91,7 @@ SMOLLM2_VARIANTS = (("plain", "none", "tail"), ("cer_k3", "evidence_distractor",
 def build_smollm2_variants(arg: str) -> dict:
   """name -> [train_step, state, batch, rng] of the SmolLM2 fine-tuning variants, warmed up."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  from ceu_jax.pretrained import cer_task  # pylint: disable=g-import-not-at-top
+  from ceu_jax.finetune import task as cer_task  # pylint: disable=g-import-not-at-top
   from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
   from configs import smollm2_cer  # pylint: disable=g-import-not-at-top
   config = smollm2_cer.get_config(arg)
@@ -109,7 +109,7 @@ def build_smollm2_variants(arg: str) -> dict:
     t = dataclasses.replace(task, config=c)
     tx = state_lib.make_optimizer(c.train)
     rng = jax.random.PRNGKey(0)
-    state = jax.jit(loop._custom_init_fn(t, tx))(rng)
+    state = jax.jit(loop.custom_init_fn(t, tx))(rng)
     step = state_lib.make_train_step(None, tx, None, None, loss_fn=t.loss, frozen=t.frozen)
     batch = t.train_batch(0, int(c.train.batch_size))
     state, metrics = step(state, batch, rng)

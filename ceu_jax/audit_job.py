@@ -30,6 +30,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ceu_jax import io, jobs, plotting
+from ceu_jax import sharding as sharding_lib
 from ceu_jax import workdir as workdir_lib
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.auditor import (AuditedModel, Auditor, AuditSettings, Rows, audited_model,
@@ -140,12 +141,9 @@ def on_mesh(config: Any, bundle: AuditedModel, variables: Any
   the mesh of `config.sharding` entered (jax.set_mesh and the logical axis rules, as
   the training loop does), the parameters placed in training's layout, and the
   sharding that splits an eval batch over the batch axes."""
-  from ceu_jax.train import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
-  from ceu_jax.train import task as task_lib  # pylint: disable=import-outside-toplevel
   mesh = sharding_lib.make_mesh(config.sharding)
   rules = sharding_lib.rules(config.sharding)
-  dummy = task_lib.Task(audited=bundle, loss_cfg=None, seed=0).dummy_inputs
-  layout = sharding_lib.param_shardings(bundle.model, dummy, mesh, rules)
+  layout = sharding_lib.param_shardings(bundle.model, bundle.dummy_inputs, mesh, rules)
   placed = dict(variables, params=jax.device_put(variables["params"], layout))
   with sharding_lib.mesh_context(mesh), nn.logical_axis_rules(rules):
     yield placed, sharding_lib.batch_sharding(config.sharding, mesh)

@@ -63,6 +63,13 @@ class AuditedModel:
     return adapter.loglik_fn_for(self.model)
 
   @property
+  def dummy_inputs(self) -> tuple:
+    """(query, context, passage_ids, answer) of batch 1, for init / eval_shape."""
+    d = self.data_cfg
+    return (np.ones((1, d.query_len), np.int32), np.ones((1, d.context_len), np.int32),
+            np.zeros((1, d.context_len), np.int32), np.ones((1, d.answer_len), np.int32))
+
+  @property
   def task_spec(self) -> tasks.TaskSpec:
     return tasks.get(self.task)
 

@@ -5,7 +5,7 @@ r"""Fine-tune SmolLM2-135M on factual QA (baseline or CER), then evaluate it on 
       --workdir runs/smollm2_ft_base
 
 Training is the project's loop (`ceu_jax.train.loop.train_and_evaluate` with the
-`ceu_jax.pretrained.cer_task.SmolLM2CERTask`): the same workdir files, resume,
+`ceu_jax.finetune.task.SmolLM2CERTask`): the same workdir files, resume,
 exit codes (75 after SIGTERM with a checkpoint saved, 65 on a non-finite loss).
 `--eval=base` evaluates the untrained base model instead (no training);
 `--eval=none` only trains. Evaluation writes <workdir>/eval_{trained|base}/ (`cer_eval`).
@@ -21,7 +21,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from ceu_jax import cli
-from ceu_jax.pretrained import cer_task
+from ceu_jax.finetune import evaluate as cer_eval
 from ceu_jax.train import loop
 
 FLAGS = flags.FLAGS
@@ -42,7 +42,6 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"too many command-line arguments: {argv[1:]}")
   if FLAGS.report:
-    from ceu_jax.pretrained import cer_eval  # pylint: disable=g-import-not-at-top
     entries = [tuple(e.split("=", 1)) for e in FLAGS.report]
     bad = [e for e in entries if len(e) != 2]
     if bad:
@@ -50,7 +49,7 @@ def main(argv: list[str]) -> None:
     print(cer_eval.report(entries, FLAGS.workdir))
     return
   try:
-    cer_task.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,
+    cer_eval.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,
                  allow_config_change=FLAGS.allow_config_change, evaluate=FLAGS.eval)
   except loop.Preempted as e:
     logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)

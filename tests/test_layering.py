@@ -155,3 +155,98 @@ def test_models_are_built_only_by_architectures_build_model():
             builders.add(rel.split("/")[0])
   assert not bad, bad
   assert "ceu_jax" in builders, builders  # the scan sees the library's build_model call
+
+
+# ---------------------------------------------------------------- the import graph
+_PACKAGES = ("ceu_jax", "architectures", "configs")
+
+
+def _module_graph() -> dict[str, set[str]]:
+  """Module -> the project modules it imports anywhere in its body (function-level
+  imports too: a cycle hidden inside a function is still a cycle). Imports of a
+  module's own parent packages (their __init__) are not edges."""
+  mods = {}
+  for pkg in _PACKAGES:
+    for f in _files(pkg):
+      name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+      mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = f
+
+  def resolve(name: str) -> str | None:
+    while name and name not in mods:
+      name = name.rsplit(".", 1)[0] if "." in name else ""
+    return name or None
+  graph = {m: set() for m in mods}
+  for m, f in mods.items():
+    for name in _imports(f):
+      r = resolve(name)
+      if r and r != m and not m.startswith(r + "."):
+        graph[m].add(r)
+  return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """Strongly connected components with more than one node (Tarjan, iterative)."""
+  index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+  for root in graph:
+    if root in index:
+      continue
+    work = [(root, iter(sorted(graph[root])))]
+    index[root] = low[root] = counter[0]
+    counter[0] += 1
+    stack.append(root)
+    on.add(root)
+    while work:
+      v, it = work[-1]
+      w = next(it, None)
+      if w is not None:
+        if w not in index:
+          index[w] = low[w] = counter[0]
+          counter[0] += 1
+          stack.append(w)
+          on.add(w)
+          work.append((w, iter(sorted(graph[w]))))
+        elif w in on:
+          low[v] = min(low[v], index[w])
+        continue
+      work.pop()
+      if work:
+        low[work[-1][0]] = min(low[work[-1][0]], low[v])
+      if low[v] == index[v]:
+        comp = []
+        while True:
+          x = stack.pop()
+          on.discard(x)
+          comp.append(x)
+          if x == v:
+            break
+        if len(comp) > 1:
+          out.append(sorted(comp))
+  return out
+
+
+def _package_of(module: str) -> str:
+  parts = module.split(".")
+  if parts[0] != "ceu_jax":
+    return parts[0]
+  return ".".join(parts[:2]) if len(parts) > 1 and (ROOT / "ceu_jax" / parts[1]).is_dir() \
+      else module
+
+
+def test_no_import_cycles_between_modules_or_packages():
+  graph = _module_graph()
+  assert _cycles(graph) == []
+  packages: dict[str, set[str]] = {}
+  for m, deps in graph.items():
+    a = _package_of(m)
+    packages.setdefault(a, set()).update(b for b in map(_package_of, deps) if b != a)
+  assert _cycles(packages) == []
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+  assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_library_never_imports_configs():
+  for package in ("ceu_jax", "architectures"):
+    assert not _violations(package, ("configs",)), package

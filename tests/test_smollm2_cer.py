@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ceu_jax.pretrained import cer_objective as C
-from ceu_jax.pretrained import cer_task
+from ceu_jax.finetune import objective as C
+from ceu_jax.finetune import task as cer_task
 from ceu_jax.pretrained import gguf_loader
 from ceu_jax.pretrained import lora as L
 from ceu_jax.pretrained.model import SmolLM, SmolLMConfig

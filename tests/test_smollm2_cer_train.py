@@ -132,7 +132,7 @@ def test_held_out_evaluation_smoke(ref):
   assert s['supported_0.5']['value'] <= s['em']['value']
   assert [e['layer'] for e in s['profile']['per_layer']] == [0, 1]
   assert os.path.exists(os.path.join(out, 'plots', 'layer_profile.png'))
-  from ceu_jax.pretrained import cer_eval  # pylint: disable=g-import-not-at-top
+  from ceu_jax.finetune import evaluate as cer_eval  # pylint: disable=g-import-not-at-top
   table = cer_eval.report([('tiny', os.path.join(out, 'summary.json'))],
                           str(ref['dir'] / 'report'))
   assert f"| tiny (step {STEPS}) | 8 | {s['em']['value']:.3f}" in table

@@ -16,7 +16,7 @@ import architectures
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.data import tasks
 from ceu_jax.train import fields, losses
-from ceu_jax.train import sharding as sharding_lib
+from ceu_jax import sharding as sharding_lib
 
 TASKS = tasks.TASKS
 SECTIONS = ("seed", "data", "model", "train", "cer", "eval", "sharding")

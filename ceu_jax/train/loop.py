@@ -39,7 +39,7 @@ from ceu_jax.train import cluster as cluster_lib
 from ceu_jax.train import config as config_lib
 from ceu_jax.train import evaluation
 from ceu_jax.train import metric_writer
-from ceu_jax.train import sharding as sharding_lib
+from ceu_jax import sharding as sharding_lib
 from ceu_jax.train import state as state_lib
 from ceu_jax.train import task as task_lib
 
@@ -139,7 +139,7 @@ def train_and_evaluate(config: Any, workdir: str, *, model: nn.Module | None = N
     return _train(config, workdir, model, site, fresh, allow_config_change, custom)
 
 
-def _custom_init_fn(custom: task_lib.CustomTask, tx) -> Any:
+def custom_init_fn(custom: task_lib.CustomTask, tx) -> Any:
   def init(rng: jax.Array) -> state_lib.TrainState:
     params = custom.init_params(rng)
     return state_lib.TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
@@ -173,7 +173,7 @@ def _train(config, workdir, model, site, fresh, allow_config_change, custom=None
   batch_sharding = sharding_lib.batch_sharding(config.sharding, mesh)
   tx = state_lib.make_optimizer(t)
   init_fn = (state_lib.boxed_init_fn(task.model, tx, task.dummy_inputs) if custom is None
-             else _custom_init_fn(custom, tx))
+             else custom_init_fn(custom, tx))
   params_rng = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
   train_rng = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
   abstract, shardings = sharding_lib.state_layout(init_fn, params_rng, mesh, rules)

@@ -38,9 +38,7 @@ class Task(OfAuditedModel):
   @property
   def dummy_inputs(self) -> tuple:
     """(query, context, passage_ids, answer) of batch 1, for init / eval_shape."""
-    d = self.data_cfg
-    return (jnp.ones((1, d.query_len), jnp.int32), jnp.ones((1, d.context_len), jnp.int32),
-            jnp.zeros((1, d.context_len), jnp.int32), jnp.ones((1, d.answer_len), jnp.int32))
+    return self.audited.dummy_inputs
 
 
 def build_task(config: Any, model: nn.Module | None = None,
@@ -66,7 +64,7 @@ def train_batch(task: Task, step: int, batch_size: int) -> TrainBatch:
 
 class CustomTask(Protocol):
   """A task the loop trains without the retrieval-model machinery (e.g. fine-tuning
-  a pretrained LM, `ceu_jax.pretrained.cer_task`). The loop keeps its own
+  a pretrained LM, `ceu_jax.finetune.task`). The loop keeps its own
   checkpointing, resume, SIGTERM, NaN handling and metric files; the task gives:"""
 
   frozen: Any   # pytree passed to `loss` (never in the state, never checkpointed)

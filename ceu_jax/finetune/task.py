@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from ceu_jax.pretrained import audit_nq
-from ceu_jax.pretrained import cer_objective as obj
+from ceu_jax.finetune import objective as obj
 from ceu_jax.pretrained import lora as lora_lib
 from ceu_jax.pretrained.model import SmolLMConfig
 from ceu_jax.train import config as config_lib
@@ -335,38 +335,3 @@ class SmolLM2CERTask:
   def train_batch(self, step: int, batch_size: int) -> dict:
     return batch_arrays(self.tokenizer, self.batch_pairs(step, batch_size),
                         int(self.config.data.max_len))
-
-
-# ----------------------------------------------------------------------------
-# Driver.
-# ----------------------------------------------------------------------------
-
-
-def restore_trainable(task: SmolLM2CERTask, workdir: str) -> tuple[Any, int]:
-  """(trained tree, step) of the newest valid checkpoint of `workdir` (read-only)."""
-  from ceu_jax.train import loop
-  from ceu_jax.train import sharding as sharding_lib
-  from ceu_jax.train import state as state_lib
-  c = task.config
-  mesh = sharding_lib.make_mesh(c.sharding)
-  tx = state_lib.make_optimizer(c.train)
-  abstract, _ = sharding_lib.state_layout(loop._custom_init_fn(task, tx), jax.random.PRNGKey(0),
-                                          mesh, sharding_lib.rules(c.sharding))
-  state, step, _ = loop.restore_read_only(c, workdir, abstract)
-  return jax.device_get(state.params), int(step)
-
-
-def run(config: Any, workdir: str, *, fresh: bool = False, allow_config_change=(),
-        evaluate: str = 'trained', load=None) -> dict:
-  """Train (unless evaluate == 'base'), then evaluate ('trained' | 'base' | 'none')."""
-  from ceu_jax.train import loop
-  task = SmolLM2CERTask.from_config(config, load=load)
-  out: dict = {'pairs': task.report}
-  if evaluate != 'base':
-    out['train'] = loop.train_and_evaluate(config, workdir, fresh=fresh,
-                                           allow_config_change=allow_config_change,
-                                           custom=task)
-  if evaluate != 'none':
-    from ceu_jax.pretrained import cer_eval
-    out['eval'] = cer_eval.evaluate(task, workdir, trained=evaluate == 'trained')
-  return out

@@ -29,11 +29,15 @@ from typing import Any
 
 import numpy as np
 
+import jax
+
 from ceu_jax import io
+from ceu_jax.finetune import task as cer_task
 from ceu_jax.metrics import mean_ci
 from ceu_jax.metrics.text import exact_match, token_f1
 from ceu_jax.pretrained import audit_nq
 from ceu_jax.pretrained import lora as lora_lib
+from ceu_jax.readers.smollm2 import SmolLM2Reader
 
 TAU = 0.5  # CEU_ev threshold of a supported answer (SPEC §6 default)
 
@@ -45,15 +49,12 @@ def _log(msg: str) -> None:
 def _variables(task, workdir: str, trained: bool) -> tuple[dict, Any]:
   if not trained:
     return {'params': task.base}, None
-  from ceu_jax.pretrained import cer_task
-  tree, step = cer_task.restore_trainable(task, workdir)
+  tree, step = restore_trainable(task, workdir)
   return {'params': lora_lib.merged(tree, task.base, task.lora)}, step
 
 
-def evaluate(task, workdir: str, *, trained: bool = True) -> dict:
+def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
   """Evaluates the newest checkpoint of `workdir` (or the base model); returns the summary."""
-  from ceu_jax.pretrained import cer_task
-  from ceu_jax.readers.smollm2 import SmolLM2Reader
   c = task.config
   out_dir = os.path.join(workdir, 'eval_trained' if trained else 'eval_base')
   os.makedirs(os.path.join(out_dir, 'batches'), exist_ok=True)
@@ -216,3 +217,37 @@ def report(entries: list[tuple[str, str]], out_dir: str) -> str:
   ax.grid(alpha=0.3)
   save_figure(fig, os.path.join(out_dir, 'layer_profiles'))
   return table
+
+
+# ----------------------------------------------------------------------------
+# Driver.
+# ----------------------------------------------------------------------------
+
+
+def restore_trainable(task: cer_task.SmolLM2CERTask, workdir: str) -> tuple[Any, int]:
+  """(trained tree, step) of the newest valid checkpoint of `workdir` (read-only)."""
+  from ceu_jax.train import loop
+  from ceu_jax import sharding as sharding_lib
+  from ceu_jax.train import state as state_lib
+  c = task.config
+  mesh = sharding_lib.make_mesh(c.sharding)
+  tx = state_lib.make_optimizer(c.train)
+  abstract, _ = sharding_lib.state_layout(loop.custom_init_fn(task, tx), jax.random.PRNGKey(0),
+                                          mesh, sharding_lib.rules(c.sharding))
+  state, step, _ = loop.restore_read_only(c, workdir, abstract)
+  return jax.device_get(state.params), int(step)
+
+
+def run(config: Any, workdir: str, *, fresh: bool = False, allow_config_change=(),
+        evaluate: str = 'trained', load=None) -> dict:
+  """Train (unless evaluate == 'base'), then evaluate ('trained' | 'base' | 'none')."""
+  from ceu_jax.train import loop
+  task = cer_task.SmolLM2CERTask.from_config(config, load=load)
+  out: dict = {'pairs': task.report}
+  if evaluate != 'base':
+    out['train'] = loop.train_and_evaluate(config, workdir, fresh=fresh,
+                                           allow_config_change=allow_config_change,
+                                           custom=task)
+  if evaluate != 'none':
+    out['eval'] = evaluate_reader(task, workdir, trained=evaluate == 'trained')
+  return out
