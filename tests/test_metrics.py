@@ -291,7 +291,7 @@ def test_summarize_audit_keys_and_json():
   assert set(out["deltas"]) == {"delta_L", "delta_ev", "delta_dis"}
   assert set(out["ceu"]) == {"ev", "dis"}
   assert set(out["ceu"]["ev"]) == {"all", "correct", "incorrect",
-                                   "n_degenerate", "n_without_span"}
+                                   "n_degenerate", "n_without_span", "fixed_denominator"}
   assert out["ceu"]["ev"]["n_without_span"] == 0
   assert out["ceu"]["ev"]["all"]["mean"]["n"] == 290
   assert out["ceu"]["ev"]["n_degenerate"]["all"] == 10
@@ -359,3 +359,17 @@ def test_summarize_audit_ceu_over_examples_with_the_probe_span():
   sup = rows["correct"] & keep & (ceu_ev >= 0.5)
   np.testing.assert_allclose(out["supported_answer_rate"]["0.5"]["value"], sup.mean())
 
+
+
+def test_fixed_denominator_counts_degenerate_gaps_as_zero():
+  """SPEC §5a: the §1 mean is over non-degenerate examples; the fixed-denominator mean
+  counts degenerate ones as 0, so a larger degenerate share lowers it."""
+  ceu = np.array([1.0, 0.5, np.nan, np.nan])
+  degenerate = np.array([False, False, True, True])
+  fixed = m.summary.ceu_fixed_denominator(ceu, degenerate, num_resamples=50)
+  assert fixed["value"] == pytest.approx(1.5 / 4) and fixed["n"] == 4
+  rows = dict(correct=np.ones(4, bool), has_evidence=np.ones(4, bool), ceu_ev=ceu,
+              degenerate=degenerate, L_plus=np.zeros(4), L_minus=-np.ones(4))
+  out = m.summarize_audit(rows, num_resamples=50)
+  assert out["ceu"]["ev"]["all"]["mean"]["value"] == pytest.approx(0.75)
+  assert out["ceu"]["ev"]["fixed_denominator"]["value"] == pytest.approx(0.375)

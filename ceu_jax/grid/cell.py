@@ -103,7 +103,9 @@ def row_from_summary(s: dict) -> dict:
   row.update(_agg(s.get("accuracy", {}).get("em"), "em"))
   row.update(_agg(s.get("nll"), "nll"))
   for probe in adapter.PROBES:
-    row.update(_agg(s.get("ceu", {}).get(probe, {}).get("all", {}).get("mean"), f"ceu_{probe}"))
+    c = s.get("ceu", {}).get(probe, {})
+    row.update(_agg(c.get("all", {}).get("mean"), f"ceu_{probe}"))
+    row.update(_agg(c.get("fixed_denominator"), f"ceu_{probe}_fixed"))
   for name in ("delta_L", "delta_ev", "delta_dis"):
     row.update(_agg(s.get("deltas", {}).get(name, {}).get("mean"), name))
   for tau, agg in s.get("supported_answer_rate", {}).items():

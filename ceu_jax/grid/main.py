@@ -71,6 +71,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = 
         workdir, rows, results, failures, config=config,
         other_cells=other if include_other_cells else (), excluded=() if
         include_other_cells else other)
+  claims_path = os.path.join(workdir, "claims.md")
+  if os.path.exists(claims_path):
+    with open(claims_path) as f:
+      for line in f:
+        if line.startswith("| H"):
+          cells = [c.strip() for c in line.strip().strip("|").split("|")]
+          log(f"[grid] {cells[0]}: {cells[2].strip('*')}")
   log(f"[grid] wrote {csv_path} ({len(rows)} rows), {report_path} and "
       f"{os.path.join(workdir, 'plots')}/ (elapsed {progress.fmt_duration(clock.elapsed())})")
   for f in failures:

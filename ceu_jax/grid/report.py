@@ -463,6 +463,28 @@ def _cell_list(cells: Sequence[dict]) -> list[str]:
           f"{c.get('status', '?')}" for c in cells]
 
 
+def claims_section(workdir: str, rows: Sequence[dict], results: Sequence[dict]) -> list[str]:
+  """SPEC §6's H1–H4 decided by rule (`ceu_jax.grid.paired`) and the paired comparisons
+  they come from; also written to W/claims.md."""
+  from ceu_jax import claims  # pylint: disable=g-import-not-at-top
+  from ceu_jax.grid import paired  # pylint: disable=g-import-not-at-top
+  found, comps = paired.grid_claims(workdir, rows, results)
+  if not found:
+    io.write_text_atomic(os.path.join(workdir, "claims.md"),
+                         "No baseline / CER cells in this grid: H1–H4 untested.\n")
+    return []
+  md = ["## Claims (SPEC §6 H1–H4), decided by rule", "",
+        "Verdicts by `ceu_jax.claims.RULE` from the run's files (`ceu_jax/grid/paired.py` "
+        "states the thresholds): CER cells against their baseline (same setting and seed) "
+        "on the same test items, paired per seed, mean ± sd over seeds.", "",
+        claims.table(found), ""]
+  if comps:
+    md += ["## Paired comparisons, CER − baseline (clean test condition)", "",
+           paired.comparisons_table(comps), ""]
+  io.write_text_atomic(os.path.join(workdir, "claims.md"), "\n".join(md) + "\n")
+  return md
+
+
 def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
                  failures: Sequence[dict], title: str = "CEU experiment grid", *,
                  config=None, other_cells: Sequence[dict] = (),
@@ -502,6 +524,8 @@ def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
            + (f", {len(agg)} in results_seeds.csv (one per setting × condition, over seeds)"
               if multi else "") + ".", ""]
   parts += what_was_run(rows, results, config)
+  claims_md = claims_section(workdir, rows, results)
+  parts += claims_md
   h1 = strata_table(agg, varying) if agg else None
   if h1:
     parts += ["## Accurate, but is the evidence used? (clean test condition, by stratum)", "",

@@ -110,6 +110,10 @@ def _ceu_sections(rows: Rows, degenerate: np.ndarray | None, eps: float,
     out["ceu"][k] = summary.ceu_distribution(
         c[keep], degenerate[keep], None if correct is None else correct[keep], **boot)
     out["ceu"][k]["n_without_span"] = int((~keep).sum())
+    # SPEC §5a: beside the §1 mean (non-degenerate examples), the mean over every example
+    # with the span, degenerate gaps counted as 0 (no evidence effect to restore).
+    out["ceu"][k]["fixed_denominator"] = summary.ceu_fixed_denominator(
+        c[keep], degenerate[keep], **boot)
   if "ev" in ceus and correct is not None:
     # Every example is in the denominator; one without evidence is never supported.
     out["supported_answer_rate"] = summary.supported_answer_rate(

@@ -24,16 +24,12 @@ def _tau_key(tau: float) -> str:
 
 def stabilised_ceu(l_int: np.ndarray, l_minus: np.ndarray, l_plus: np.ndarray,
                    eps: float = DEFAULT_EPS) -> tuple[np.ndarray, np.ndarray]:
-  """(CEU [n], degenerate [n] bool) from gold log-likelihoods (SPEC §1).
-
-  CEU = clip_[0,1]((L_int − L−) / max(L+ − L−, ε)); degenerate = L+ − L− < ε.
-  CEU of a degenerate example is NaN here, so that any use of it is loud.
-  """
-  l_int, l_minus, l_plus = (np.asarray(x, dtype=np.float64)
-                            for x in (l_int, l_minus, l_plus))
-  gap = l_plus - l_minus
-  degenerate = gap < eps
-  ceu = np.clip((l_int - l_minus) / np.maximum(gap, eps), 0.0, 1.0)
+  """(CEU with NaN where degenerate, degenerate) of per-example log-likelihoods, by the
+  engine's formula (`ceu_jax.engine.scores`: the project's one CEU definition, SPEC §1),
+  for rows that carry L_int but no ceu column."""
+  from ceu_jax.engine import scores  # pylint: disable=g-import-not-at-top  (jax: only here)
+  ceu = np.asarray(scores.ceu(l_int, l_plus, l_minus, eps), np.float64)
+  degenerate = np.asarray(scores.degenerate(l_plus, l_minus, eps))
   return np.where(degenerate, np.nan, ceu), degenerate
 
 
@@ -75,6 +71,15 @@ def ceu_distribution(ceu: np.ndarray, degenerate: np.ndarray,
   return out
 
 
+def ceu_fixed_denominator(ceu: np.ndarray, degenerate: np.ndarray, **boot) -> dict:
+  """Mean CEU over every example given, degenerate gaps counted as 0 (SPEC §5a): unlike
+  the §1 mean, a change of the degenerate share cannot move it unseen."""
+  ceu = np.asarray(ceu, dtype=np.float64)
+  degenerate = np.asarray(degenerate, bool)
+  _check_ceu(ceu, degenerate)
+  return bs.mean_ci(np.where(degenerate, 0.0, ceu), **boot).to_dict()
+
+
 def delta_stats(delta: np.ndarray, **boot) -> dict[str, dict]:
   """{mean, median} of a log-likelihood difference (ΔL, Δev, Δdis) [n]."""
   return {"mean": bs.mean_ci(delta, **boot).to_dict(),
@@ -106,5 +111,6 @@ def supported_answer_rate(correct: np.ndarray, ceu_ev: np.ndarray,
 
 def delta_causal(delta_remove: np.ndarray, delta_placebo: np.ndarray,
                  **boot) -> bs.Aggregate:
-  """Δcausal = mean Δremove − mean Δplacebo, paired bootstrap CI (SPEC §8)."""
+  """Δcausal = mean Δremove − mean Δplacebo, paired bootstrap CI (SPEC §8); the one
+  definition (the answer-presence audit pairs its rows by item, then calls this)."""
   return bs.paired_difference_ci(delta_remove, delta_placebo, "mean", **boot)

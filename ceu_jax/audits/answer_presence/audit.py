@@ -30,6 +30,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
+from ceu_jax.metrics import summary as metric_summary
 from ceu_jax.metrics.resampling import Aggregate, mean_ci, paired_difference_ci
 from ceu_jax.metrics.text import normalize_answer, token_f1
 
@@ -452,8 +453,8 @@ def delta_causal(rows: Sequence[dict], *, seed: int = CI_SEED, key: str = 'delta
   rem = {x['id']: x[key] for x in rows if x['bucket'] == '1→1' and x['edit'] == 'remove'}
   pla = {x['id']: x[key] for x in rows if x['bucket'] == '1→1' and x['edit'] == 'placebo'}
   both = [i for i in rem if i in pla]
-  return paired_difference_ci(np.array([rem[i] for i in both]),
-                              np.array([pla[i] for i in both]), seed=seed)
+  return metric_summary.delta_causal(np.array([rem[i] for i in both]),
+                                     np.array([pla[i] for i in both]), seed=seed)
 
 
 def fmt(a: Aggregate) -> str:

@@ -1,0 +1,253 @@
+"""Paired comparisons of grid cells and SPEC §6's H1–H4 decided by `ceu_jax.claims`.
+
+Every cell of a grid is audited on THE same fixed test set (config.eval), so a CER
+cell and its baseline — the cell with the same config except the `cer.*` fields
+and the same training seed — score the same items. Per seed, each metric's
+difference CER − baseline is paired over those items (W/cells/<id>/audit/
+examples.csv, the clean condition) with a bootstrap CI; across seeds it is the
+mean ± sd of the per-seed differences (`claims.Difference`).
+
+Per-item metrics (SPEC §5, §5a): em = correct; supported = correct and CEU_ev ≥ 0.5
+on a non-degenerate gap; ceu_ev = CEU_ev over items with evidence whose gap is
+non-degenerate in BOTH cells (the §1 mean, paired); ceu_ev_fixed = CEU_ev over
+every item with evidence, degenerate gaps counted as 0; ceu_dis likewise (§1) over
+items with a distractor span.
+
+Claims (thresholds are stated, the verdict rule is `claims.RULE`):
+  H1 (per architecture, baseline cells): accurate (EM ≥ ACCURATE in every seed) while
+     the evidence is not causally used on many correct answers (the share of items
+     answered correctly but not supported, EM − supported, has its 95% CI lower bound
+     ≥ UNUSED_SHARE in every seed);
+  H2 (per architecture × CER variant): CEU_ev up (fixed denominator) and CEU_dis down,
+     at an accuracy cost ≤ MAX_EM_COST (mean over seeds); restated with the §1
+     denominator;
+  H3 (per architecture × CER variant): CER degrades less under test shift: per seed,
+     the mean over shifted conditions of (EM drop of the baseline − EM drop of CER),
+     from the grid rows (shifted sets are not paired across conditions);
+  H4 (per CER variant): H2 holds for every architecture.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ceu_jax import claims
+
+ACCURATE = 0.75       # H1: a baseline is "accurate" with at least this clean EM
+UNUSED_SHARE = 0.25   # H1: ... and at least this share of items correct without evidence use
+MAX_EM_COST = 0.10    # H2: CER's clean EM may drop by at most this much (mean over seeds)
+TAU = 0.5             # the supported-answer threshold on CEU_ev
+BASELINE = "none"     # cer.regularizer of a baseline cell
+
+
+def _bool(v: str) -> bool:
+  return v in ("1", "True", "true")
+
+
+def _float(v: str) -> float:
+  try:
+    return float(v)
+  except (TypeError, ValueError):
+    return float("nan")
+
+
+def load_examples(workdir: str, cell_id: str) -> dict[str, np.ndarray] | None:
+  """The clean-condition rows of one cell, sorted by example id (None: not there)."""
+  path = os.path.join(workdir, "cells", cell_id, "audit", "examples.csv")
+  if not os.path.exists(path):
+    return None
+  with open(path, newline="") as f:
+    ex = sorted(csv.DictReader(f), key=lambda e: int(e["example_id"]))
+  out = dict(example_id=np.asarray([int(e["example_id"]) for e in ex]))
+  for k in ("correct", "has_evidence", "dis_found", "degenerate"):
+    out[k] = np.asarray([_bool(e[k]) for e in ex])
+  for k in ("ceu_ev", "ceu_dis"):
+    out[k] = np.asarray([_float(e[k]) for e in ex])
+  return out
+
+
+def _supported(r: dict) -> np.ndarray:
+  return r["correct"] & ~r["degenerate"] & (np.nan_to_num(r["ceu_ev"]) >= TAU)
+
+
+def item_pairs(metric: str, a: dict, b: dict) -> tuple[np.ndarray, np.ndarray]:
+  """(values in A, values in B) of `metric` on the items both cells score (module doc)."""
+  if not np.array_equal(a["example_id"], b["example_id"]):
+    raise ValueError("cells scored different test items; they cannot be paired")
+  if metric == "em":
+    return a["correct"].astype(float), b["correct"].astype(float)
+  if metric == "supported":
+    return _supported(a).astype(float), _supported(b).astype(float)
+  if metric == "unused":   # correct but not supported (H1), A = B's own rows twice
+    return a["correct"].astype(float), _supported(a).astype(float)
+  probe = metric.split("_")[1]                     # ceu_ev, ceu_ev_fixed, ceu_dis, ...
+  keep = a["has_evidence"] & (a["dis_found"] if probe == "dis" else True)
+  if metric.endswith("_fixed"):
+    fa = np.where(a["degenerate"], 0.0, a[f"ceu_{probe}"])
+    fb = np.where(b["degenerate"], 0.0, b[f"ceu_{probe}"])
+    return fa[keep], fb[keep]
+  keep = keep & ~a["degenerate"] & ~b["degenerate"]
+  return a[f"ceu_{probe}"][keep], b[f"ceu_{probe}"][keep]
+
+
+def _setting(res: dict) -> tuple:
+  return tuple(sorted((k, str(v)) for k, v in res["config"].items()
+                      if not k.startswith("cer.") and k != "seed"))
+
+
+def _variant(res: dict) -> str:
+  c = res["config"]
+  reg = str(c.get("cer.regularizer", BASELINE))
+  extra = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(c.items())
+                    if k.startswith("cer.") and k != "cer.regularizer")
+  return reg + (f" ({extra})" if extra else "")
+
+
+def _name(setting: tuple) -> str:
+  d = dict(setting)
+  rest = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in setting if k != "model.family")
+  return d.get("model.family", "model") + (f" [{rest}]" if rest else "")
+
+
+def pair_cells(results: Sequence[dict]) -> list[dict]:
+  """[{setting, variant, seeds: {seed: (cer result, baseline result)}}] for every CER
+  setting with a baseline of the same setting and seed."""
+  base = {(_setting(r), str(r["config"].get("seed", "-"))): r for r in results
+          if str(r["config"].get("cer.regularizer", BASELINE)) == BASELINE}
+  groups: dict = {}
+  for r in results:
+    if str(r["config"].get("cer.regularizer", BASELINE)) == BASELINE:
+      continue
+    seed = str(r["config"].get("seed", "-"))
+    b = base.get((_setting(r), seed))
+    if b is not None:
+      g = groups.setdefault((_setting(r), _variant(r)), {})
+      g[seed] = (r, b)
+  return [dict(setting=s, variant=v, seeds=dict(sorted(g.items())))
+          for (s, v), g in sorted(groups.items())]
+
+
+METRICS = ("em", "supported", "ceu_ev", "ceu_ev_fixed", "ceu_dis")
+
+
+def comparisons(workdir: str, results: Sequence[dict], *, seed: int = 42,
+                num_resamples: int = 1000,
+                load: Callable[[str, str], Any] = load_examples) -> list[dict]:
+  """Per CER setting: {setting, variant, diffs: {metric: claims.Difference}} (CER − base)."""
+  out = []
+  for g in pair_cells(results):
+    rows = {s: (load(workdir, a["cell_id"]), load(workdir, b["cell_id"]))
+            for s, (a, b) in g["seeds"].items()}
+    rows = {s: ab for s, ab in rows.items() if ab[0] is not None and ab[1] is not None}
+    diffs = {m: claims.paired(m, [(s, *item_pairs(m, a, b)) for s, (a, b) in rows.items()],
+                              seed=seed, num_resamples=num_resamples) for m in METRICS}
+    out.append(dict(g, diffs=diffs))
+  return out
+
+
+def comparisons_table(comps: Sequence[dict]) -> str:
+  """Markdown: one row per CER setting × metric, the per-seed paired differences."""
+  lines = ["| setting | CER variant | metric | CER − baseline: mean ± sd over seeds "
+           "(per seed: paired diff [95% CI] n) |", "|---|---|---|---|"]
+  for c in comps:
+    for m, d in c["diffs"].items():
+      lines.append(f"| {_name(c['setting'])} | {c['variant']} | {m} | {d.text()} |")
+  return "\n".join(lines)
+
+
+def _baselines(results: Sequence[dict]) -> dict[tuple, dict[str, dict]]:
+  out: dict = {}
+  for r in results:
+    if str(r["config"].get("cer.regularizer", BASELINE)) == BASELINE:
+      out.setdefault(_setting(r), {})[str(r["config"].get("seed", "-"))] = r
+  return out
+
+
+def h1_claims(workdir: str, results: Sequence[dict], *, seed: int = 42,
+              num_resamples: int = 1000, load=load_examples) -> list[claims.Claim]:
+  out = []
+  for setting, by_seed in sorted(_baselines(results).items()):
+    rows = {s: load(workdir, r["cell_id"]) for s, r in sorted(by_seed.items())}
+    rows = {s: x for s, x in rows.items() if x is not None}
+    em = claims.paired("em", [(s, x["correct"].astype(float), np.zeros(len(x["correct"])))
+                              for s, x in rows.items()], seed=seed, num_resamples=num_resamples)
+    unused = claims.paired("unused", [(s, *item_pairs("unused", x, x)) for s, x in rows.items()],
+                           seed=seed, num_resamples=num_resamples)
+    accurate = (None if not rows else
+                all(x.diff.value is not None and x.diff.value >= ACCURATE for x in em.per_seed))
+    many = (None if not rows else all(x.diff.ci_low is not None and x.diff.ci_low >= UNUSED_SHARE
+                                      for x in unused.per_seed))
+    out.append(claims.combine(
+        f"H1 {_name(setting)}", "the baseline is accurate while its evidence is not causally "
+        "used on many correct answers", [],
+        [(f"EM ≥ {ACCURATE} in every seed", accurate, em.text()),
+         (f"correct-but-unsupported share (EM − supported) ≥ {UNUSED_SHARE} (CI low) in "
+          "every seed", many, unused.text())]))
+  return out
+
+
+def h2_claims(comps: Sequence[dict]) -> list[claims.Claim]:
+  out = []
+  for c in comps:
+    em = c["diffs"]["em"]
+    cost_ok = None if em.mean is None else (-em.mean <= MAX_EM_COST)
+    for label, ev in (("fixed denominator", "ceu_ev_fixed"), ("§1 denominator", "ceu_ev")):
+      out.append(claims.combine(
+          f"H2 {_name(c['setting'])}, {c['variant']} ({label})",
+          "CER raises CEU_ev and lowers CEU_dis at a small accuracy cost",
+          [(f"Δ{ev} > 0", c["diffs"][ev], +1), ("Δceu_dis < 0", c["diffs"]["ceu_dis"], -1)],
+          [(f"EM cost ≤ {MAX_EM_COST} (mean over seeds)", cost_ok, em.text())]))
+  return out
+
+
+def h3_claims(rows: Sequence[dict], results: Sequence[dict]) -> list[claims.Claim]:
+  """From results.csv rows (cell × condition): per seed, mean over shifted conditions of
+  (baseline's EM drop − CER's EM drop); positive = CER degrades more gracefully."""
+  em = {(r["cell_id"], str(r["condition"])): float(r["em"]) for r in rows
+        if r.get("em") not in (None, "")}
+  out = []
+  for g in pair_cells(results):
+    per_seed = []
+    for s, (a, b) in g["seeds"].items():
+      conds = sorted({c for (cid, c) in em if cid == a["cell_id"] and c != "clean"})
+      vals = []
+      for cond in conds:
+        try:
+          drop_a = em[(a["cell_id"], "clean")] - em[(a["cell_id"], cond)]
+          drop_b = em[(b["cell_id"], "clean")] - em[(b["cell_id"], cond)]
+        except KeyError:
+          continue
+        vals.append(drop_b - drop_a)
+      if vals:
+        per_seed.append(claims.SeedDifference(
+            s, claims.Aggregate(float(np.mean(vals)), None, None, len(vals))))
+    d = claims.Difference("graceful", tuple(per_seed))
+    out.append(claims.combine(
+        f"H3 {_name(g['setting'])}, {g['variant']}",
+        "CER loses less EM than the baseline when δ, n or η shift at test time",
+        [("baseline EM drop − CER EM drop (mean over shifted conditions; n = conditions)",
+          d, +1)]))
+  return out
+
+
+def h4_claims(comps: Sequence[dict]) -> list[claims.Claim]:
+  """H4 per CER variant: the fixed-denominator H2 holds for every architecture."""
+  by_variant: dict = {}
+  for c in comps:
+    by_variant.setdefault(c["variant"], []).extend(
+        x for x in h2_claims([c]) if x.name.endswith("(fixed denominator)"))
+  return [claims.across(f"H4 {v}", "H2 holds for every architecture", cs)
+          for v, cs in sorted(by_variant.items())]
+
+
+def grid_claims(workdir: str, rows: Sequence[dict], results: Sequence[dict], *,
+                seed: int = 42, num_resamples: int = 1000,
+                load=load_examples) -> tuple[list[claims.Claim], list[dict]]:
+  """(H1–H4 claims, the paired comparisons they come from)."""
+  comps = comparisons(workdir, results, seed=seed, num_resamples=num_resamples, load=load)
+  h2 = h2_claims(comps)
+  return (h1_claims(workdir, results, seed=seed, num_resamples=num_resamples, load=load) + h2
+          + h3_claims(rows, results) + h4_claims(comps)), comps
