@@ -12,7 +12,7 @@ say) through their paired per-item difference, one per training seed:
                  with 1 seed: its paired 95% CI excludes 0 on the predicted side
   opposite       the same with the other sign
   not supported  anything else (the seeds disagree, or the spread is too wide)
-  untested       no seed has both cells
+  untested       no seed has both cells, or one seed without a within-seed CI
 A `Claim` may also carry conditions (e.g. "the accuracy cost is at most 0.10"): each
 is a named boolean with the numbers it was decided from; a claim whose direction
 verdict is 'supported' but a condition fails is 'not supported'.
@@ -101,8 +101,8 @@ def direction(d: Difference, sign: int) -> str:
     return UNTESTED
   if v.size == 1:
     a = d.per_seed[[s.diff.value is not None for s in d.per_seed].index(True)].diff
-    if a.ci_low is None:
-      return NOT_SUPPORTED
+    if a.ci_low is None:        # one seed and no within-seed CI: nothing to decide from
+      return UNTESTED
     if sign * a.ci_low > 0 and sign * a.ci_high > 0:
       return SUPPORTED
     if sign * a.ci_low < 0 and sign * a.ci_high < 0:

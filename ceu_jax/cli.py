@@ -213,6 +213,37 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(EXIT_ERROR)
 
 
+# glibc's mallopt parameters (malloc.h) and the values the entry points set.
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX, M_ARENA_MAX = -1, -2, -4, -8
+ALLOCATOR_ENV = "CEU_JAX_MALLOC"   # 'default': leave glibc's settings alone
+
+
+def keep_freed_memory() -> bool:
+  """Make glibc keep the buffers a jitted step frees and allocates again.
+
+  XLA:CPU allocates each execution's temporaries as one block (236 MiB for the ssm's
+  tiny train step) and frees it afterwards; glibc serves such a block with mmap and
+  unmaps it on free, so every step faults every page in again (60,500 minor faults
+  and 0.15 s of system time per ssm step, measured). Here, before JAX starts its
+  threads: one malloc arena, no mmap'd blocks, and freed heap kept (trim threshold
+  2 GiB, 64 MiB top pad): after the first steps a step faults no page (measured: 0
+  faults, 0.002 s system time per step; the resident set grows by the kept blocks,
+  1.07 -> 1.52 GB there). glibc only; CEU_JAX_MALLOC=default skips it. Returns
+  whether the settings were applied."""
+  if os.environ.get(ALLOCATOR_ENV, "") == "default" or not sys.platform.startswith("linux"):
+    return False
+  import ctypes  # pylint: disable=g-import-not-at-top
+  try:
+    mallopt = ctypes.CDLL("libc.so.6").mallopt
+  except (OSError, AttributeError):
+    return False
+  return all(mallopt(param, value) == 1 for param, value in (
+      (M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1),
+      (M_TOP_PAD, 64 * 2**20)))
+
+
 def run(main: Callable[[list[str]], Any]) -> None:
-  """`app.run` with one-line flag/config errors, quiet logs and known errors guarded."""
+  """`app.run` with one-line flag/config errors, quiet logs and known errors guarded;
+  glibc keeps freed memory (`keep_freed_memory`)."""
+  keep_freed_memory()
   app.run(guard(main), flags_parser=parse_flags)

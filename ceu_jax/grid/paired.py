@@ -98,17 +98,27 @@ def _setting(res: dict) -> tuple:
                       if not k.startswith("cer.") and k != "seed"))
 
 
-def _variant(res: dict) -> str:
+_VARYING: set = set()   # the config fields that differ between the grid's cells (names)
+
+
+def _varying(results: Sequence[dict]) -> set:
+  keys = {k for r in results for k in r["config"]}
+  return {k for k in keys if len({str(r["config"].get(k)) for r in results}) > 1}
+
+
+def _variant(res: dict, varying: set | None = None) -> str:
   c = res["config"]
+  varying = _VARYING if varying is None else varying
   reg = str(c.get("cer.regularizer", BASELINE))
   extra = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(c.items())
-                    if k.startswith("cer.") and k != "cer.regularizer")
+                    if k.startswith("cer.") and k != "cer.regularizer" and k in varying)
   return reg + (f" ({extra})" if extra else "")
 
 
 def _name(setting: tuple) -> str:
   d = dict(setting)
-  rest = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in setting if k != "model.family")
+  rest = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in setting
+                   if k != "model.family" and k in _VARYING)
   return d.get("model.family", "model") + (f" [{rest}]" if rest else "")
 
 
@@ -246,7 +256,10 @@ def h4_claims(comps: Sequence[dict]) -> list[claims.Claim]:
 def grid_claims(workdir: str, rows: Sequence[dict], results: Sequence[dict], *,
                 seed: int = 42, num_resamples: int = 1000,
                 load=load_examples) -> tuple[list[claims.Claim], list[dict]]:
-  """(H1–H4 claims, the paired comparisons they come from)."""
+  """(H1–H4 claims, the paired comparisons they come from). Claims are named by the
+  config fields that vary between the grid's cells."""
+  _VARYING.clear()
+  _VARYING.update(_varying(results))
   comps = comparisons(workdir, results, seed=seed, num_resamples=num_resamples, load=load)
   h2 = h2_claims(comps)
   return (h1_claims(workdir, results, seed=seed, num_resamples=num_resamples, load=load) + h2
