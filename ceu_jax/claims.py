@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ceu_jax.metrics.resampling import Aggregate, paired_difference_ci
+from ceu_jax.metrics.resampling import Aggregate, fmt_ci, paired_difference_ci
 
 SUPPORTED, NOT_SUPPORTED, OPPOSITE, UNTESTED = (
     "supported", "not supported", "opposite", "untested")
@@ -74,11 +74,7 @@ class Difference:
 
 
 def _ci(a: Aggregate, digits: int) -> str:
-  if a.value is None:
-    return "n/a"
-  f = f"{{:+.{digits}f}}"
-  ci = "" if a.ci_low is None else f" [{f.format(a.ci_low)}, {f.format(a.ci_high)}]"
-  return f"{f.format(a.value)}{ci} n={a.n}"
+  return "n/a" if a.value is None else f"{fmt_ci(a, digits, signed=True)} n={a.n}"
 
 
 def paired(metric: str, pairs: Sequence[tuple[str, np.ndarray, np.ndarray]], *,

@@ -17,6 +17,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from ceu_jax import audit_job, cli
+from ceu_jax.metrics.resampling import fmt_ci
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (optional "
                                           "with --use_workdir_config).", lock_config=True)
@@ -50,7 +51,7 @@ def _num(x) -> str:
 
 def _stat(m: dict) -> str:
   """'value [ci_low, ci_high] (n=..)' to 3 decimals; n/a where no example counts."""
-  return f"{_num(m['value'])} [{_num(m['ci_low'])}, {_num(m['ci_high'])}] (n={m['n']})"
+  return fmt_ci(m, with_n=True, missing="n/a")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from ceu_jax import cli
+from ceu_jax.metrics.resampling import fmt_ci
 from ceu_jax.pretrained import audit_nq
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Audit config file.',
@@ -16,9 +17,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.', required=Tr
 
 
 def _fmt(agg: dict) -> str:
-  if agg['value'] is None:
-    return f"n/a (n={agg['n']})"
-  return f"{agg['value']:+.3f} [{agg['ci_low']:+.3f}, {agg['ci_high']:+.3f}]"
+  return fmt_ci(agg, signed=True, missing=f"n/a (n={agg['n']})")
 
 
 def main(argv):

@@ -232,7 +232,7 @@ def test_sisyphus_item_spans_chosen_elsewhere():
   cfg = _config('full')
   recs = audit_nq.nq_records('test')
   rec, ctx = next((r, c) for r, c in recs if r['id'] == 'nq:03274')
-  pair, why = audit_nq.make_pair(tok, rec, ctx, audit_nq._drawn_pool(tok, recs), cfg)
+  pair, why = audit_nq.make_pair(tok, rec, ctx, audit_nq.drawn_pool(tok, recs), cfg)
   assert why == 'kept' and pair.answer == 'Sisyphus'
   enc = tok.encode(pair.clean_prompt, add_special_tokens=False)
   lo = len(audit_nq.CONTEXT_PREFIX)

@@ -116,10 +116,10 @@ def tail_intervened_logliks(params: dict, config: SmolLMConfig, layer: int,
   t0 = t - n_tail
   one = lambda c: {'q': c['q'][layer:layer + 1], 'k': c['k'][layer:layer + 1],
                    'v': c['v'][layer:layer + 1], 'valid': c['valid']}
-  h_p = patching._tail_spans(one(clean), spans, n_tail)[0]  # [Q, B, n, H, Dh]
+  h_p = patching.tail_spans(one(clean), spans, n_tail)[0]  # [Q, B, n, H, Dh]
   if freeze_clean:
     h_p = jax.lax.stop_gradient(h_p)
-  h_m = patching._tail_spans(one(corrupt), spans, n_tail)[0]
+  h_m = patching.tail_spans(one(corrupt), spans, n_tail)[0]
   pos = _answer_positions(answer_mask, n_tail)  # [B, n]
   delta = (h_p - h_m) * pos[None, :, :, None, None].astype(h_p.dtype)
   positions = corrupt['positions'][:, t0:]

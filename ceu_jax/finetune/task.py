@@ -82,7 +82,7 @@ def model_layers(config: Any) -> int:
 
 def validate(config: Any) -> None:
   """ValueError naming the field for a bad config; nothing is loaded or compiled."""
-  top = config_lib._items(config)
+  top = config_lib.items_of(config)
   unknown = sorted(set(top) - set(SECTIONS))
   if unknown:
     raise ValueError(f'{unknown[0]} is an unknown config section; known: {SECTIONS}')
@@ -215,7 +215,7 @@ def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None
                 key=lambda e: e['id'])
   if d.max_items:
     recs = recs[:int(d.max_items)]
-  pool = audit_nq._drawn_pool(tok, [(e, '') for e in recs])
+  pool = audit_nq.drawn_pool(tok, [(e, '') for e in recs])
   pc = types.SimpleNamespace(max_len=int(d.max_len), max_answer_tokens=int(d.max_answer_tokens),
                              seed=int(config.seed), substitutes=tuple(d.substitutes),
                              n_draws=int(d.n_draws))

@@ -12,7 +12,7 @@ An empty sample gives `Aggregate(None, None, None, 0)`: absent, never 0 or NaN.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -46,6 +46,25 @@ class Aggregate:
 
 
 EMPTY = Aggregate(None, None, None, 0)
+
+
+def fmt_ci(a: "Aggregate | Mapping | None", digits: int = 3, *, signed: bool = False,
+           with_n: bool = False, missing: str = "—") -> str:
+  """The one way a reported number is printed: 'value [ci_low, ci_high]' (+ ' (n=..)').
+
+  `a`: an Aggregate or its dict ({value, ci_low, ci_high, n}); `signed`: '+0.12';
+  `missing` for an absent value (no examples). A value without a CI prints alone."""
+  if a is None:
+    return missing
+  if isinstance(a, Mapping):
+    a = Aggregate(a.get("value"), a.get("ci_low"), a.get("ci_high"), int(a.get("n") or 0))
+  n_txt = f" (n={a.n})" if with_n else ""
+  if a.value is None or not np.isfinite(a.value):
+    return missing + n_txt
+  f = f"{{:{'+' if signed else ''}.{digits}f}}"
+  ci = ("" if a.ci_low is None or a.ci_high is None
+        else f" [{f.format(a.ci_low)}, {f.format(a.ci_high)}]")
+  return f.format(a.value) + ci + n_txt
 
 
 def _resample_chunks(n: int, num_resamples: int, seed: int):

@@ -140,7 +140,7 @@ def _rng(key: str, seed: int) -> np.random.Generator:
   return np.random.default_rng([seed, zlib.crc32(key.encode())])
 
 
-def _drawn_pool(tok, records: Sequence[tuple[dict, str]]) -> dict[tuple[str, int], list[str]]:
+def drawn_pool(tok, records: Sequence[tuple[dict, str]]) -> dict[tuple[str, int], list[str]]:
   """Other NQ answers by (answer type, token count of ' ' + answer)."""
   from ceu_jax.pretrained.tokenizer import encode
   pool: dict[tuple[str, int], list[str]] = {}
@@ -201,7 +201,7 @@ def _missing(kept: Sequence[Pair], chosen: Sequence[Pair], name: str) -> dict:
 def build_pairs(tok, config) -> tuple[list[Pair], dict]:
   """The audited pairs (≤ config.num_pairs, seeded order) and the selection report."""
   records = nq_records(config.split)
-  pool = _drawn_pool(tok, records)
+  pool = drawn_pool(tok, records)
   if config.max_items:
     records = records[:config.max_items]
   kept, reasons = [], {}

@@ -151,7 +151,7 @@ def greedy_generate(variables: dict, config: SmolLMConfig, prompt_ids: list[int]
 # ----------------------------------------------------------------------------
 
 
-def _tail_spans(cache: dict, span_masks: jax.Array, n: int) -> jax.Array:
+def tail_spans(cache: dict, span_masks: jax.Array, n: int) -> jax.Array:
   """Π_S h at the last n positions for every layer and span: [L, S, B, n, H, Dh]."""
   valid = cache['valid']
   t = valid.shape[-1]
@@ -225,7 +225,7 @@ def _patched_hidden(variables: dict, config: SmolLMConfig, clean: dict, corrupt:
   params = variables['params']
   t = corrupt['valid'].shape[-1]
   t0 = t - n_tail
-  delta = _tail_spans(clean, span_masks, n_tail) - _tail_spans(corrupt, span_masks, n_tail)
+  delta = tail_spans(clean, span_masks, n_tail) - tail_spans(corrupt, span_masks, n_tail)
   delta = delta * patch_mask[None, ..., None].astype(delta.dtype)  # [L, Q, B, n, H, Dh]
   positions = corrupt['positions'][:, t0:]
   mask = M.causal_mask(corrupt['valid'])[:, t0:]

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ceu_jax import jobs
-from ceu_jax.metrics.resampling import mean_ci
+from ceu_jax.metrics.resampling import fmt_ci, mean_ci
 from ceu_jax.metrics.text import exact_match, normalize_answer, token_f1
 from ceu_jax.readers.base import Reader
 
@@ -175,9 +175,7 @@ def summarise(rows: Sequence[dict], config: Any) -> dict:
 
 
 def _fmt(a: dict) -> str:
-  if a['value'] is None:
-    return 'n/a'
-  return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+  return fmt_ci(a, missing='n/a')
 
 
 def markdown_table(summary: dict) -> str:

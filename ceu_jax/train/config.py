@@ -63,14 +63,14 @@ EVAL_FIELDS: dict[str, Callable[[Any], str | None]] = {
 SHARDING_FIELDS = ("mesh_shape", "mesh_axes", "logical_axis_rules")
 
 
-def _items(section: Any) -> dict:
+def items_of(section: Any) -> dict:
   if hasattr(section, "to_dict"):
     return section.to_dict()
   return dict(section)
 
 
 def _check_section(name: str, section: Any, checks: Mapping[str, Callable]) -> None:
-  items = _items(section)
+  items = items_of(section)
   unknown = sorted(set(items) - set(checks))
   if unknown:
     raise ValueError(f"{name}.{unknown[0]} is an unknown field; known fields of {name}: "
@@ -85,7 +85,7 @@ def _check_section(name: str, section: Any, checks: Mapping[str, Callable]) -> N
 
 
 def _check_sharding(s: Any, num_devices: int | None) -> None:
-  items = _items(s)
+  items = items_of(s)
   unknown = sorted(set(items) - set(SHARDING_FIELDS))
   if unknown:
     raise ValueError(f"sharding.{unknown[0]} is an unknown field; known: {SHARDING_FIELDS}")
@@ -123,7 +123,7 @@ def _check_task_corruptions(task: str, cer_corruption: str, eval_corruptions) ->
 
 def validate(config: Any, num_devices: int | None = None) -> None:
   """Raise ValueError (message starts with the field name) for a bad config."""
-  top = _items(config)
+  top = items_of(config)
   unknown = sorted(set(top) - set(SECTIONS) - set(IGNORED_SECTIONS))
   if unknown:
     raise ValueError(f"{unknown[0]} is an unknown config section; known: {SECTIONS}")
@@ -132,11 +132,11 @@ def validate(config: Any, num_devices: int | None = None) -> None:
       raise ValueError(f"{name} is missing from the config")
   if not fields.is_int(top["seed"]) or top["seed"] < 0:
     raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
-  data = _items(config.data)
+  data = items_of(config.data)
   if data.get("task") not in TASKS:
     raise ValueError(f"data.task must be one of {TASKS}, got {data.get('task')!r}")
   tasks.data_config(data)                         # raises "data.<field> ..."
-  model = _items(config.model)
+  model = items_of(config.model)
   unknown = sorted(set(model) - set(MODEL_FIELDS))
   if unknown:
     raise ValueError(f"model.{unknown[0]} is an unknown field; known: {MODEL_FIELDS}")

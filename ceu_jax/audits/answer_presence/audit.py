@@ -31,7 +31,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 import numpy as np
 
 from ceu_jax.metrics import summary as metric_summary
-from ceu_jax.metrics.resampling import Aggregate, mean_ci, paired_difference_ci
+from ceu_jax.metrics.resampling import Aggregate, fmt_ci, mean_ci, paired_difference_ci
 from ceu_jax.metrics.text import normalize_answer, token_f1
 
 PLACEBO_SEED = 1729  # SPEC §8.1: placebo rng = (1729, crc32(id))
@@ -457,16 +457,9 @@ def delta_causal(rows: Sequence[dict], *, seed: int = CI_SEED, key: str = 'delta
                                      np.array([pla[i] for i in both]), seed=seed)
 
 
-def fmt(a: Aggregate) -> str:
-  """'+1.23 [+0.50, +2.00]', or '—' for an absent aggregate."""
-  if a.value is None:
-    return '—'
-  if a.ci_low is None:
-    return f'{a.value:+.2f}'
-  return f'{a.value:+.2f} [{a.ci_low:+.2f}, {a.ci_high:+.2f}]'
-
-
-_fmt = fmt
+def fmt(a: Aggregate | None) -> str:
+  """'+1.23 [+0.50, +2.00]', or '—' for an absent aggregate (`fmt_ci`, 2 digits, signed)."""
+  return fmt_ci(a, 2, signed=True)
 
 
 def effects_table(effect_rows: Sequence[dict], causal: Optional[Aggregate] = None) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Mapping, Optional, Sequence
 
 from ceu_jax.audits.answer_presence import audit as ap
-from ceu_jax.metrics.resampling import Aggregate
+from ceu_jax.metrics.resampling import Aggregate, fmt_ci
 
 KEY_EFFECTS = (('remove', '1→1'), ('placebo', '1→1'), ('insert_prepend', '0→0'),
                ('insert_mid', '0→0'))  # the headline (edit, bucket) pairs
@@ -25,8 +25,7 @@ def fmt(d: Optional[Mapping]) -> str:
 
 
 def _mean(d: Optional[Mapping]) -> str:
-  a = agg(d)
-  return '—' if a.value is None else f'{a.value:.2f} [{a.ci_low:.2f}, {a.ci_high:.2f}]'
+  return fmt_ci(d, 2)
 
 
 def effect(cell: Mapping, edit: str, bucket: str) -> Optional[dict]:
