@@ -85,7 +85,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   f.max_new_tokens = 4 if tiny else 16  # reader budget (cut at the first newline)
   f.rewrite_max_new_tokens = 8 if tiny else 64  # rewriter B's budget
   f.extract_sentences = 2              # rewriter A / control: sentences kept
-  f.verifier_support = 0.5             # B4: a sentence needs this share of its content words in C
   f.max_context_chars = 6000           # a context whose insert would be longer is skipped
   f.batch_size = 4 if tiny else 16     # prompts per compiled decoder call
   f.gguf_path = ''                     # GGUF file ('': $CEU_SMOLLM2_GGUF or the package's)

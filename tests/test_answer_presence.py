@@ -233,3 +233,32 @@ def test_presence_substring_vs_normalized():
   assert ap.present('often', ('ten',)) and not ap.present_normalized('often', ('ten',))
   r = ap.Record('b', 'q', g, 'by Beatles.', raw_context='by the Beatles.')
   assert ap.bucket(r) == '1→0' and ap.bucket_normalized(r) == '1→1'
+
+
+def test_b4_is_a_compile_verified_by_the_model():
+  """SPEC §8.1: B4 = A's compile, then a verification pass by rewriter B (the model):
+  the sentences B answers 'yes' for are kept, in order; none kept -> an empty compile."""
+  from ceu_jax.audits.answer_presence import factqa_world as fw
+  from ceu_jax.readers import base
+
+  class Judge(base.Reader):   # 'yes' exactly for sentences that mention 'Paris'
+    def __init__(self):
+      self.asked = []
+
+    def _generate(self, prompts, forced, budget, stops, ids):
+      self.asked += [p[-1][1] for p in prompts]
+      return [base.Generation(id=i, text=' yes' if 'Paris' in p[-1][1].split('Sentence:')[1]
+                              else ' no', tokens=(), stop_reason=base.END)
+              for p, i in zip(prompts, ids)]
+
+    def _loglik(self, prompts, answers, ids):
+      raise NotImplementedError
+  items = [fw.Item(id='a', source='squad', question='where is the Louvre', answer='Paris',
+                   raw='', gold_in_raw=True),
+           fw.Item(id='b', source='squad', question='who', answer='x', raw='',
+                   gold_in_raw=True)]
+  judge = Judge()
+  out = fw.verify_with_model(judge, items, ['The Louvre is in Paris. It is big. Paris is old.',
+                                            'Nothing here. Nor here.'])
+  assert out == ['The Louvre is in Paris. Paris is old.', '']
+  assert len(judge.asked) == 5 and 'Question: Where is the Louvre?' in judge.asked[0]

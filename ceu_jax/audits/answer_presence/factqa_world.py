@@ -35,7 +35,7 @@ from ceu_jax.audits.answer_presence import audit as ap
 
 BASELINES = ('B1', 'B2', 'B3', 'B4')
 REWRITER_NAMES = {'B1': 'raw context', 'B2': 'A (extractive)', 'B3': 'B (SmolLM2 compress)',
-                  'B4': 'B then verifier', 'control': 'first sentences (question-blind)'}
+                  'B4': 'A verified by B', 'control': 'first sentences (question-blind)'}
 INSTRUCTION = 'Answer with a short phrase.'
 REWRITE_INSTRUCTION = ('Rewrite the context as at most two short sentences that keep the '
                        'facts needed to answer the question.')
@@ -129,15 +129,34 @@ def first_sentences(raw: str, k: int) -> str:
   return ' '.join(sentences(raw)[:k])
 
 
-def verify(compile_: str, raw: str, support: float) -> str:
-  """B4's verifier: keep the sentences with ≥ `support` of their content words in raw."""
-  have = content_words(raw)
-  kept = []
-  for s in sentences(compile_):
-    words = content_words(s)
-    if not words or len(words & have) / len(words) >= support:
-      kept.append(s)
-  return ' '.join(kept)
+VERIFY_INSTRUCTION = ('Does the sentence state a fact that helps answer the question? '
+                      'Answer yes or no.')
+
+
+def verify_prompt(sentence: str, question: str) -> list:
+  """B4's verification question for one sentence of A's compile (one ChatML user turn)."""
+  return [('user', f'Question: {_question(question)}\nSentence: {sentence.strip()}\n'
+                   f'{VERIFY_INSTRUCTION}')]
+
+
+def verify_with_model(reader, items: Sequence[Item], compiles: Sequence[str]) -> list[str]:
+  """B4 (SPEC §8.1): A's compile, then a verification pass by rewriter B (the reader
+  model): each sentence of the compile is kept when B answers 'yes' to whether it helps
+  answer the question. A compile with no kept sentence is empty (counted by the audit's
+  skips, beside every baseline mean)."""
+  asks, owner = [], []
+  for j, (it, comp) in enumerate(zip(items, compiles)):
+    for k, sent in enumerate(sentences(comp)):
+      asks.append(verify_prompt(sent, it.question))
+      owner.append((j, k, sent))
+  kept: list[list[str]] = [[] for _ in items]
+  if asks:
+    gens = reader.generate(asks, max_new_tokens=2, stop=('\n',),
+                           ids=[f'{items[j].id}/{k}' for j, k, _ in owner])
+    for (j, _, sent), g in zip(owner, gens):
+      if g.text.strip().lower().startswith('yes'):
+        kept[j].append(sent)
+  return [' '.join(x) for x in kept]
 
 
 def rewrite_prompt(raw: str, question: str) -> list:

@@ -175,7 +175,7 @@ def _write_outputs(config, ctx: jobs.JobContext, world, parts: dict, summary: di
         '## Buckets per baseline', '', report.buckets_table(summary['baselines'],
                                                             world.companion_name), '',
         '## Reader score per baseline (token F1 × 100)', '',
-        report.baseline_table(rd, world.baselines), '',
+        report.baseline_table(rd, world.baselines, skipped=summary['baselines']), '',
         '## Remove vs placebo on 1→1 (Table-1 style)', '', report.causal_table(rd), '',
         '## Inserting the gold into compiles that lack it', '', report.insert_table(rd)]
   if any(c.get('delta_causal_ll') for r in rd.values() for c in r['cells'].values()):

@@ -49,12 +49,20 @@ def buckets_table(baselines: Mapping, companion_name: str) -> str:
   return '\n'.join(lines)
 
 
-def baseline_table(readers: Mapping, baselines: Sequence[str], what: str = 'F1') -> str:
-  """Mean score (95% CI) per reader and baseline (the rewriter gain the audit explains)."""
+def baseline_table(readers: Mapping, baselines: Sequence[str], what: str = 'F1',
+                   skipped: Optional[Mapping] = None) -> str:
+  """Mean score (95% CI) (n) per reader and baseline (the rewriter gain the audit
+  explains); `skipped`: the records a baseline could not score (e.g. an emptied
+  compile), counted beside its mean so that means over different n are seen as such."""
   lines = ['| reader | ' + ' | '.join(baselines) + ' |', '|---|' + '---|' * len(baselines)]
   for name, r in readers.items():
-    lines.append(f'| {name} | ' + ' | '.join(_mean(r['baseline_f1'].get(b)) for b in baselines)
-                 + ' |')
+    cells = []
+    for b in baselines:
+      d = r['baseline_f1'].get(b)
+      skip = sum((skipped or {}).get(b, {}).get('skipped', {}).values())
+      cells.append(_mean(d) + (f" (n={d['n']}" + (f'; {skip} skipped' if skip else '') + ')'
+                                if d else ''))
+    lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
 

@@ -268,8 +268,6 @@ class FactQAWorld(_World):
     _need(len(f.sources) >= 1 and all(s in ('nq', 'squad') for s in f.sources),
           f"config.factqa.sources must be a non-empty subset of ('nq', 'squad'), got {f.sources}")
     _need(0.0 <= float(f.eta) <= 1.0, f'config.factqa.eta must be in [0, 1], got {f.eta}')
-    _need(0.0 <= float(f.verifier_support) <= 1.0,
-          f'config.factqa.verifier_support must be in [0, 1], got {f.verifier_support}')
     for k in ('max_new_tokens', 'rewrite_max_new_tokens', 'extract_sentences', 'batch_size',
               'max_passage_words', 'n_distractors'):
       _need(int(f[k]) >= 1, f'config.factqa.{k} must be >= 1, got {f[k]}')
@@ -306,11 +304,11 @@ class FactQAWorld(_World):
     kk = f.extract_sentences
     comp = {'B2': [fw.extractive(it.raw, it.question, kk) for it in items],
             'B3': fw.rewrite_with_model(reader, items, f.rewrite_max_new_tokens)}
-    comp['B4'] = [fw.verify(c, it.raw, f.verifier_support) for c, it in zip(comp['B3'], items)]
+    comp['B4'] = fw.verify_with_model(reader, items, comp['B2'])   # A's compile verified by B
     comp['control'] = [fw.first_sentences(it.raw, kk) for it in items]
     out = audit_chunk(reader, self.medium, fw.records(items, comp), loglik=False,
                       identity_baselines=('B2',))
-    out['calls'] += len(items)  # rewriter B
+    out['calls'] += len(items) + sum(len(fw.sentences(c)) for c in comp['B2'])  # rewriter B
     out['compiles'] = [dict(id=it.id, source=it.source, gold_in_raw=it.gold_in_raw,
                             **{b: comp[b][j] for b in ('B2', 'B3', 'B4', 'control')})
                        for j, it in enumerate(items)]
@@ -350,7 +348,7 @@ class FactQAWorld(_World):
             f'gold passage + {f.n_distractors} distractors (≤ {f.max_passage_words} words each), '
             f"gold passage missing at η = {f.eta} ({summary['n_records'] - summary['gold_passage_in_raw']} "
             f'items); rewriters: B2 = A (extractive, {f.extract_sentences} sentences), B3 = B '
-            f'(SmolLM2 compress, ≤ {f.rewrite_max_new_tokens} tokens), B4 = B + verifier '
-            f'(≥ {f.verifier_support:.0%} content-word support); reader: SmolLM2-135M-Instruct'
+            f'(SmolLM2 compress, ≤ {f.rewrite_max_new_tokens} tokens), B4 = A verified by B '
+            '(SmolLM2 keeps the sentences of A\'s compile it judges helpful, SPEC §8.1); reader: SmolLM2-135M-Instruct'
             f"{'' if not f.n_layers else f' (first {f.n_layers} layers)'}, {f.n_shots}-shot "
             f'ChatML prompt, ≤ {f.max_new_tokens} new tokens, cut at the first newline.')
