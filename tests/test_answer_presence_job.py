@@ -132,3 +132,16 @@ def test_world_a_tiny_trains_audits_and_resumes(tmp_path):
   s2 = job.run_answer_presence(c, w, log=logs.append)
   assert not any('training' in m for m in logs)  # the trained reader is reused
   assert _same(s, s2)
+
+
+def test_world_b_tiny_with_smollm2(tmp_path):
+  """`:tiny,world=factqa` (2 of 30 SmolLM2 layers, 4 items): rewriters A, B, B4 = A
+  verified by B, the control; every baseline scored or its skips counted."""
+  c = cfg.get_config('tiny,world=factqa')
+  s = job.run_answer_presence(c, str(tmp_path), log=lambda m: None)
+  for b in ('B1', 'B2', 'B3', 'B4'):
+    x = s['baselines'][b]
+    assert x['n_kept'] + sum(x['skipped'].values()) == c.n_records
+  assert set(s['containment']) == {'B1 (raw)', 'B2', 'B3', 'B4', 'control'}
+  report = open(os.path.join(str(tmp_path), 'report.md')).read()
+  assert 'B4 = A verified by B' in report and '(n=' in report
