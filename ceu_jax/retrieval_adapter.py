@@ -55,16 +55,26 @@ LoglikFn = Callable[[Any, ModelInputs], jax.Array]
 
 
 @functools.lru_cache(maxsize=64)
+def logits_fn_for(model: nn.Module) -> Callable[[Any, ModelInputs], jax.Array]:
+  """`logits_fn(variables, ModelInputs) -> logits [B, A, V]` (the run whose site value
+  the CER loss records while it reads L+ and exact match off the same logits)."""
+  def logits_fn(variables: Any, inputs: ModelInputs) -> jax.Array:
+    if inputs.frozen:
+      variables = jax.lax.stop_gradient(variables)
+    return model.apply(variables, inputs.query, inputs.context, inputs.passage_ids,
+                       inputs.answer)
+  return logits_fn
+
+
+@functools.lru_cache(maxsize=64)
 def loglik_fn_for(model: nn.Module) -> LoglikFn:
   """`loglik_fn(variables, ModelInputs) -> L [B]` of a conventions-§2 model.
 
   One object per model (the engine caches its compiled audit on it)."""
+  logits_fn = logits_fn_for(model)
+
   def loglik_fn(variables: Any, inputs: ModelInputs) -> jax.Array:
-    if inputs.frozen:
-      variables = jax.lax.stop_gradient(variables)
-    logits = model.apply(variables, inputs.query, inputs.context, inputs.passage_ids,
-                         inputs.answer)
-    return gold_loglik(logits, inputs.answer)
+    return gold_loglik(logits_fn(variables, inputs), inputs.answer)
   return loglik_fn
 
 

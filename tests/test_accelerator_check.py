@@ -72,3 +72,13 @@ def test_tiny_check_runs_every_section_on_the_cpu(tmp_path):
   assert "TARGET cer_k3_step_ratio" in out and "TARGET decode_speedup" in out
   assert "cell wall" in out and "audit_bench: preset=p100k" in out
   assert "TARGET accelerator_check_sections_ok 5 >= 5 PASS" in out
+
+
+def test_train_bench_target_line_per_family():
+  """train_bench's TARGET line names the family and uses its goal (issue #37, item 3)."""
+  from benchmarks import train_bench  # pylint: disable=g-import-not-at-top
+  assert train_bench.target_line("attention", 2.49) == (
+      "TARGET cer_k3_step_ratio_attention 2.49 <= 2.5 PASS")
+  assert train_bench.target_line("memory_port", 2.61).endswith("<= 2.5 MISS")
+  assert train_bench.target_line("ssm", 2.9) == "TARGET cer_k3_step_ratio_ssm 2.90 <= 3.0 PASS"
+  assert train_bench.target_line("ssm", 2.9, target=2.0).endswith("<= 2.0 MISS")

@@ -68,8 +68,9 @@ from ceu_jax.engine.probes import (CONTROL, DIS, EV, FULL, Probes,
                                    port_probes, position_probes, span_probes,
                                    stack)
 from ceu_jax.engine.runner import (AuditResult, Profile, audit, audit_lowered,
-                                   from_logliks, intervened_logliks,
-                                   map_probes, one_probe, profile)
+                                   clean_run_and_intervened, from_logliks,
+                                   intervened_logliks, map_probes, one_probe,
+                                   profile, recorded_probe)
 from ceu_jax.engine.scores import (attrib, ceu, ceu_unclipped, degenerate,
                                    delta_int, delta_L, hinge_below, tokenwise)
 from ceu_jax.engine.sites import Site, patch, record
@@ -82,9 +83,11 @@ __all__ = [
     "SiteNotFoundError", "SpanUnsupportedError", "Tap", "aggregate",
     "attention_mass", "attrib", "audit", "audit_lowered", "by_attention", "by_passage",
     "by_query_overlap", "ceu", "ceu_unclipped", "check_port", "choose_pairs",
+    "clean_run_and_intervened",
     "control_span", "degenerate", "delta_L", "delta_int", "evidence_probes",
     "from_logliks", "full_site", "hinge_below", "intervened_logliks",
     "map_probes", "multi_evidence_probes", "one_probe", "passage_containing",
     "patch", "port_probes", "position_probes", "profile", "record",
+    "recorded_probe",
     "span_probes", "stack", "tokenwise",
 ]

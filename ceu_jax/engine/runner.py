@@ -48,13 +48,30 @@ def one_probe(loglik_fn: LoglikFn, site: Site, variables: Any, *, clean: Any,
                         corrupt=corrupt, probe=probe,
                         allow_approximate=allow_approximate,
                         clean_grad=clean_grad)
-  _, rec = record(loglik_fn, variables, clean, site, span_mask=probe.span,
-                  allow_approximate=allow_approximate)
+  return recorded_probe(loglik_fn, loglik_fn, site, variables, clean=clean,
+                        corrupt=corrupt, probe=probe,
+                        allow_approximate=allow_approximate,
+                        clean_grad=clean_grad)[1]
+
+
+def recorded_probe(run_fn: Callable[[Any, Any], Any], loglik_fn: LoglikFn,
+                   site: Site, variables: Any, *, clean: Any, corrupt: Any,
+                   probe: Probes, allow_approximate: bool = False,
+                   clean_grad: bool = True) -> tuple[Any, jax.Array]:
+  """(run_fn(variables, clean), L_int) of one probe. Pure.
+
+  The site's value (Π_S h_f with a span) is recorded in the run of ``run_fn``
+  on D+ itself, whose output (any pytree, e.g. logits) is returned beside the
+  patched run's L_int; `one_probe` is this with ``run_fn = loglik_fn`` and the
+  output dropped.
+  """
+  out, rec = record(run_fn, variables, clean, site, span_mask=probe.span,
+                    allow_approximate=allow_approximate)
   value = rec[site] if clean_grad else jax.lax.stop_gradient(rec[site])
-  return patch(loglik_fn, variables, corrupt, site, value,
-               span_mask=probe.span, port_mask=probe.ports,
-               position_mask=probe.positions,
-               allow_approximate=allow_approximate)
+  return out, patch(loglik_fn, variables, corrupt, site, value,
+                    span_mask=probe.span, port_mask=probe.ports,
+                    position_mask=probe.positions,
+                    allow_approximate=allow_approximate)
 
 
 def _batch_size(tree: Any, what: str) -> int:
@@ -107,11 +124,14 @@ def paired_probe(loglik_fn: LoglikFn, site: Site, variables: Any, *,
 
 def map_probes(fn: Callable[[Any, Probes], Any], consts: Any, probes: Probes,
                chunk_size: ChunkSize = AUTO, hoist: bool = True,
-               batch_shards: int = 1) -> Any:
+               batch_shards: int = 1, shared: bool = False) -> Any:
   """``fn(consts, probe_chunk)`` (vmapped over its probe axis) over all K
   probes in chunks of ``chunk_size`` (``'auto'``: `chunking.choose`, with the
   working set per device when the batch is split into ``batch_shards``);
-  outputs stacked on a leading K axis."""
+  outputs stacked on a leading K axis. ``shared``: ``fn`` returns
+  ``(common, per_probe)`` where ``common`` has no probe axis (it depends on
+  ``consts`` alone); the result is ``(common, per_probe stacked)``, ``common``
+  from the first chunk (computed once, outside the loop, when hoisted)."""
   k = probes.num
   if chunk_size == AUTO:
     chunk_size = chunking.choose(fn, consts, probes, batch_shards)
@@ -138,8 +158,12 @@ def map_probes(fn: Callable[[Any, Probes], Any], consts: Any, probes: Probes,
   if body is None:
     body = functools.partial(fn, consts)
   out = jax.lax.map(body, chunks)
-  return jax.tree.map(
+  common = None
+  if shared:
+    common, out = jax.tree.map(lambda o: o[0], out[0]), out[1]
+  out = jax.tree.map(
       lambda o: o.reshape((n_chunks * chunk_size,) + o.shape[2:])[:k], out)
+  return (common, out) if shared else out
 
 
 def probe_fn(loglik_fn: LoglikFn, site: Site, *, allow_approximate: bool,
@@ -181,6 +205,45 @@ def intervened_logliks(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
                 clean_grad=clean_grad, paired=paired)
   return map_probes(fn, (variables, clean, corrupt), bare, chunk_size, hoist,
                     batch_shards)
+
+
+def clean_run_and_intervened(run_fn: Callable[[Any, Any], Any],
+                             loglik_fn: LoglikFn, variables: Any, *,
+                             clean: Any, corrupt: Any, site: Site,
+                             probes: Probes, chunk_size: ChunkSize = AUTO,
+                             allow_approximate: bool = False,
+                             hoist: bool = True, clean_grad: bool = True,
+                             batch_shards: int = 1) -> tuple[Any, jax.Array]:
+  """(run_fn(variables, clean), L_int [K, B(, A)]) from ONE forward on D+.
+
+  As `intervened_logliks`, but the clean run that records the site's value
+  is the caller's own forward: ``run_fn(variables, inputs)`` calls
+  ``model.apply`` and returns any pytree (e.g. the logits that give L+ and
+  exact match), and that output is returned with the probes' L_int, so a
+  training loss needs no second forward on D+. Inside the probe vmap the run
+  on D+ does not depend on the probe (only Π_S h_f does), so it is traced
+  once, unbatched (``out_axes=None``). ``clean_grad=False`` stops gradients
+  through the recorded value only; ``run_fn``'s output keeps its gradients.
+  Pure; use inside jit / grad. No paired mode.
+  """
+  site = check_site(site)
+  probes = probes.validate()
+  bare = probes.replace(names=())
+
+  def one(v, c, d, probe):
+    return recorded_probe(run_fn, loglik_fn, site, v, clean=c, corrupt=d,
+                          probe=probe, allow_approximate=allow_approximate,
+                          clean_grad=clean_grad)
+
+  if all(m is None for m in (probes.span, probes.ports, probes.positions)):
+    out, l_int = one(variables, clean, corrupt, bare)
+    return out, l_int[None]
+
+  def fn(consts, chunk):
+    return jax.vmap(one, in_axes=(None, None, None, 0), out_axes=(None, 0))(
+        *consts, chunk)
+  return map_probes(fn, (variables, clean, corrupt), bare, chunk_size, hoist,
+                    batch_shards, shared=True)
 
 
 @flax.struct.dataclass

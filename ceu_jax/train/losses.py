@@ -21,9 +21,11 @@ which equal [α − CEU_ev]_+ and [CEU_dis]_+ exactly when gap ≥ γ₀, and be
 are those terms scaled by gap/γ₀: continuous, bounded and well-conditioned.
 
 Intervened runs (L_int) come from the engine (`ceu_jax.engine.runner.
-intervened_logliks`): k probes per example, 'ev' (S = E(D+)), 'dis' (one
+clean_run_and_intervened`): k probes per example, 'ev' (S = E(D+)), 'dis' (one
 evidence-format non-evidence line of D+) and 'control' (a random non-evidence
-span of the evidence's length), evaluated in one vmapped chunk.
+span of the evidence's length), evaluated in one vmapped chunk. The port's
+value on D+ is recorded in the same forward whose logits give L+ and exact
+match (one clean forward per step, not two).
 
 `grad_path`:
   all        gradients flow through L+, L−, the clean recording Π_S h(D+) and
@@ -108,6 +110,24 @@ def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return (x * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
+def clean_forward_and_probes(model: nn.Module, variables: Any, site: Site,
+                             clean: RetrievalBatch, corrupt: RetrievalBatch,
+                             probes: Any, frozen: bool, allow_approximate: bool
+                             ) -> tuple[jax.Array, jax.Array]:
+  """(logits [B, A, V] on D+, L_int [K, B]) from one forward on D+.
+
+  The port's value (Π_S h_f per probe) is recorded in the same run whose logits give
+  L+ and exact match (`engine.clean_run_and_intervened`); all K probes form one
+  vmapped chunk. `frozen` (grad_path numerator): the recorded value is under
+  stop_gradient, the logits keep their gradients.
+  """
+  return runner.clean_run_and_intervened(
+      adapter.logits_fn_for(model), adapter.loglik_fn_for(model), variables,
+      clean=ModelInputs.of(clean), corrupt=ModelInputs.of(corrupt),
+      site=runner.Site.parse(site), probes=probes, chunk_size=probes.num,
+      allow_approximate=allow_approximate, clean_grad=not frozen)
+
+
 def cer_loss(params: Any, model: nn.Module, site: Site, clean: RetrievalBatch,
              corrupt: RetrievalBatch | None, key: jax.Array, cfg: LossConfig,
              nan_scale: jax.Array | None = None, allow_approximate: bool = False
@@ -121,15 +141,22 @@ def cer_loss(params: Any, model: nn.Module, site: Site, clean: RetrievalBatch,
   """
   loglik = adapter.loglik_fn_for(model)
   variables = {"params": params}
-  logits = model.apply(variables, *clean.model_inputs())
+  if cfg.uses_corrupt and corrupt is None:
+    raise ValueError("cer_loss: this objective needs the corrupted batch D−")
+  frozen = cfg.grad_path == "numerator"
+  l_int = None
+  if cfg.uses_probes:
+    probes, dis_found = adapter.probe_set(clean, corrupt, key, cfg.k)
+    logits, l_int = clean_forward_and_probes(model, variables, site, clean, corrupt, probes,
+                                             frozen, allow_approximate)  # [B,A,V], [K,B]
+  else:
+    logits = adapter.logits_fn_for(model)(variables, ModelInputs.of(clean))
   l_plus = gold_loglik(logits, clean.answer)                   # [B]
   correct = answer_correct(logits, clean.answer)
   per_example = -l_plus
   metrics = {"task_nll": -l_plus.mean(), "train_em": correct.mean()}
 
   if cfg.uses_corrupt:
-    if corrupt is None:
-      raise ValueError("cer_loss: this objective needs the corrupted batch D−")
     l_minus = loglik(variables, ModelInputs.of(corrupt))
     gap = l_plus - l_minus
     gap_c = jax.lax.stop_gradient(gap)
@@ -141,11 +168,6 @@ def cer_loss(params: Any, model: nn.Module, site: Site, clean: RetrievalBatch,
       per_example = per_example + cfg.beta_swap * swap
       metrics["swap"] = _masked_mean(swap, clean.has_evidence)
     if cfg.uses_probes:
-      probes, dis_found = adapter.probe_set(clean, corrupt, key, cfg.k)
-      frozen = cfg.grad_path == "numerator"
-      l_int = runner.intervened_logliks(
-          loglik, variables, clean=ModelInputs.of(clean, frozen=frozen), corrupt=ModelInputs.of(corrupt),
-          site=runner.Site.parse(site), probes=probes, chunk_size=cfg.k, allow_approximate=allow_approximate)  # [K, B]
       gap_g = gap_c if frozen else gap     # numerator mode: the gap is a constant
       delta = engine_scores.delta_int(l_int, l_minus)                  # [K, B]
       den = jnp.maximum(gap_g, cfg.gap_floor)

@@ -1,0 +1,176 @@
+"""CER records the port in the same forward on D+ that gives L+ and EM (issue #37, item 3).
+
+`losses.cer_loss` takes the logits on D+ and the probes' L_int from
+`engine.clean_run_and_intervened` (one clean forward). The reference is the
+earlier two-forward computation (`model.apply` for the logits, then
+`engine.intervened_logliks` recording h_f in a second run on D+), swapped in
+for `losses.clean_forward_and_probes`; loss, metrics and gradients must agree
+at 1e-5 on every family. The engine entry point is also checked on its own,
+chunked (K > C, hoisted or not) and unchunked.
+
+Shape legend: B batch, K probes, A answer length, V vocabulary.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import architectures
+from ceu_jax import engine
+from ceu_jax import retrieval_adapter as adapter
+from ceu_jax.data import atr, corruptions
+from ceu_jax.data.atr_config import ATRConfig
+from ceu_jax.engine import runner
+from ceu_jax.retrieval_adapter import ModelInputs
+from ceu_jax.train import losses
+
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
+
+B = 8
+SMALL = dict(embed_dim=16, reader_mlp_dim=32, enc_mlp_dim=32, reader_heads=2, reader_layers=2)
+FAMILY_OVERRIDES = {   # small widths per family (the read port is reader/block_1)
+    "attention": dict(read_heads=2, read_head_dim=8),
+    "ssm": dict(ssm_inner=8, ssm_state=4),
+    "memory_port": dict(mem_dim=16, mem_heads=4, mem_slots=1),
+}
+CFG = losses.LossConfig(regularizer="evidence_distractor", k=3, beta_swap=0.4,
+                        swap_form="hinge", gamma=2.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _setup(family: str):
+  data = ATRConfig(context_len=64, n_ids=8, n_keys=8, n_values=8, n_filler=8)
+  model_cfg = dict(family=family, preset="p100k", bypass=False,
+                   overrides={**SMALL, **FAMILY_OVERRIDES[family]})
+  model = architectures.build_model(model_cfg, vocab_size=data.vocab.size,
+                                    context_len=data.context_len,
+                                    num_passages=data.num_passages, query_len=data.query_len,
+                                    answer_len=data.answer_len)
+  params = architectures.init_params(model, jax.random.PRNGKey(3))["params"]
+  params = jax.tree.map(lambda p: p * 3.0, params)       # larger gaps than at init
+  clean = atr.generate_batch(data, 0, 0, B, "train")
+  corrupt = corruptions.corrupt(data, clean, "value_swap", jax.random.PRNGKey(1))
+  site = architectures.read_port_site(model_cfg)
+  return model, params, clean, corrupt, site
+
+
+def two_forward_reference(model, variables, site, clean, corrupt, probes, frozen,
+                          allow_approximate):
+  """The earlier computation: logits from one forward on D+, L_int from the engine,
+  which records h_f in a second forward on D+ (under stop_gradient when frozen)."""
+  logits = model.apply(variables, *clean.model_inputs())
+  l_int = runner.intervened_logliks(
+      adapter.loglik_fn_for(model), variables, clean=ModelInputs.of(clean, frozen=frozen),
+      corrupt=ModelInputs.of(corrupt), site=runner.Site.parse(site), probes=probes,
+      chunk_size=probes.num, allow_approximate=allow_approximate)
+  return logits, l_int
+
+
+def _loss_and_grads(family: str, cfg: losses.LossConfig):
+  model, params, clean, corrupt, site = _setup(family)
+  fn = lambda p: losses.cer_loss(p, model, site, clean, corrupt, jax.random.PRNGKey(7), cfg,
+                                 allow_approximate=family == "memory_port")
+  return jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
+
+
+@pytest.mark.parametrize("family,grad_path", [
+    ("attention", "all"), ("ssm", "all"), ("memory_port", "all"),
+    ("attention", "numerator")])   # numerator mode is family-independent code
+def test_loss_and_grads_equal_two_forward_reference(family, grad_path, monkeypatch):
+  cfg = CFG.__class__(**{**CFG.__dict__, "grad_path": grad_path})
+  (loss, metrics), grads = _loss_and_grads(family, cfg)
+  monkeypatch.setattr(losses, "clean_forward_and_probes", two_forward_reference)
+  (want_loss, want_metrics), want_grads = _loss_and_grads(family, cfg)
+
+  # The CER terms are live (otherwise the comparison would not test the recording).
+  assert float(metrics["cer_valid_frac"]) > 0 and float(metrics["cer_ev"]) > 0, metrics
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-5)
+  assert set(metrics) == set(want_metrics)
+  for name in metrics:
+    np.testing.assert_allclose(metrics[name], want_metrics[name], rtol=1e-5, atol=1e-5,
+                               err_msg=name)
+  flat, want_flat = jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(want_grads)
+  assert len(flat) == len(want_flat)
+  for (path, g), w in zip(flat, want_flat):
+    assert_close_to_scale(g, w, jax.tree_util.keystr(path))
+  assert max(float(jnp.abs(g).max()) for g in want_flat) > 1e-3   # gradients are not ~0
+
+
+def assert_close_to_scale(got, want, what: str, tol: float = 1e-5) -> None:
+  """|got − want| <= tol · max(1, max |want|) elementwise: one gradient leaf is a sum of
+  terms of the leaf's scale (the reference backpropagates the two runs on D+ apart and
+  adds them; here their cotangents add first), so float32 rounding is relative to that
+  scale, not to an element that cancels to near 0."""
+  got, want = np.asarray(got), np.asarray(want)
+  scale = max(1.0, float(np.abs(want).max()))
+  np.testing.assert_allclose(got / scale, want / scale, rtol=0, atol=tol, err_msg=what)
+
+
+def _engine_inputs():
+  model, params, clean, corrupt, site = _setup("attention")
+  probes, _ = adapter.probe_set(clean, corrupt, jax.random.PRNGKey(7), 3)
+  return (model, {"params": params}, ModelInputs.of(clean), ModelInputs.of(corrupt),
+          runner.Site.parse(site), probes)
+
+
+@pytest.mark.parametrize("chunk_size,hoist", [(3, True), (2, True), (2, False), (1, True)])
+def test_engine_entry_equals_separate_runs(chunk_size, hoist):
+  """(run_fn(D+), L_int) equal run_fn alone and `intervened_logliks`, chunked or not."""
+  model, variables, clean, corrupt, site, probes = _engine_inputs()
+  logits_fn, loglik = adapter.logits_fn_for(model), adapter.loglik_fn_for(model)
+
+  @jax.jit
+  def both(v):
+    return engine.clean_run_and_intervened(logits_fn, loglik, v, clean=clean, corrupt=corrupt,
+                                           site=site, probes=probes, chunk_size=chunk_size,
+                                           hoist=hoist)
+
+  @jax.jit
+  def separate(v):
+    return logits_fn(v, clean), engine.intervened_logliks(
+        loglik, v, clean=clean, corrupt=corrupt, site=site, probes=probes, chunk_size=3)
+
+  (logits, l_int), (want_logits, want_l_int) = both(variables), separate(variables)
+  assert logits.shape == want_logits.shape and l_int.shape == (3, B)
+  np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(l_int, want_l_int, rtol=1e-5, atol=1e-5)
+  # The patch moves L_int away from L− (so equal L_int is not trivially L−).
+  l_minus = loglik(variables, corrupt)
+  assert float(jnp.abs(l_int - l_minus).max()) > 1e-2
+
+
+def test_engine_entry_full_site_and_clean_grad():
+  """Full-site probe (no masks): [1, B]; clean_grad=False keeps run_fn's gradients
+  and drops only those through the recorded value."""
+  model, variables, clean, corrupt, site, _ = _engine_inputs()
+  logits_fn, loglik = adapter.logits_fn_for(model), adapter.loglik_fn_for(model)
+  full = engine.full_site()
+
+  def total(v, clean_grad):
+    logits, l_int = engine.clean_run_and_intervened(
+        logits_fn, loglik, v, clean=clean, corrupt=corrupt, site=site, probes=full,
+        clean_grad=clean_grad)
+    return logits.sum() + l_int.sum(), l_int
+
+  (_, l_int), g_all = jax.jit(jax.value_and_grad(lambda v: total(v, True), has_aux=True))(
+      variables)
+  (_, _), g_frozen = jax.jit(jax.value_and_grad(lambda v: total(v, False), has_aux=True))(
+      variables)
+  want = engine.intervened_logliks(loglik, variables, clean=clean, corrupt=corrupt, site=site,
+                                   probes=full)
+  assert l_int.shape == (1, B)
+  np.testing.assert_allclose(l_int, want, rtol=1e-5, atol=1e-5)
+
+  def reference(v):   # logits with gradients + L_int with the D+ recording frozen
+    frozen = ModelInputs(clean.query, clean.context, clean.passage_ids, clean.answer, True)
+    return logits_fn(v, clean).sum() + engine.intervened_logliks(
+        loglik, v, clean=frozen, corrupt=corrupt, site=site, probes=full).sum()
+  g_ref = jax.jit(jax.grad(reference))(variables)
+  for g, w in zip(jax.tree.leaves(g_frozen), jax.tree.leaves(g_ref)):
+    assert_close_to_scale(g, w, "clean_grad=False")
+  assert any(float(jnp.abs(a - b).max()) > 1e-4
+             for a, b in zip(jax.tree.leaves(g_all), jax.tree.leaves(g_frozen)))
