@@ -8,18 +8,29 @@ Shape legend (einsum letters):
 Recurrence (per channel c and state index s, diagonal):
   h_j = A_j ⊙ h_{j-1} + B_j x_j,   A_j = exp(Δ_j · A),  B_j x_j = Δ_j · B_j · x_j,
 with input-dependent (selective) Δ_j, B_j. `scan_impl` picks how the
-recurrence runs: 'auto' (the default) is 'fused' on CPU and 'associative' on an
-accelerator (a step-by-step scan there costs one loop iteration per position);
-'fused' is one `lax.scan` whose step builds A_j
-and B_j x_j from the [b,l,c] / [b,l,s] factors (no [b,l,c,s] gate tensor is
-materialised; an encoder block's scan emits only its readout [b,l,c]), the
-unmasked read keeps the states at passage ends, and span-masked reads (probes) go through
-the closed form below, whose per-token contributions the engine computes once
-(their reverse scan is a `lax.scan` too); 'associative' runs the parallel
-`jax.lax.associative_scan` over the materialised gates everywhere, 'sequential'
-(`lax.scan` over them) is the reference. Train step of the smoke grid's ssm on
-the 2-core CPU (`benchmarks/train_bench.py`): plain 70 → 46 ms, CER (k = 1)
-210 → 152 ms, fused against associative.
+recurrence runs:
+  'auto' (the default): 'fused' on CPU, 'chunked' on an accelerator.
+  'fused': one `lax.scan` whose step builds A_j and B_j x_j from the [b,l,c] /
+    [b,l,s] factors (no [b,l,c,s] gate tensor; an encoder block's scan emits only
+    its readout [b,l,c]); the unmasked read keeps the states at passage ends, and
+    span-masked reads (probes) go through the closed form below (its reverse scan
+    is a `lax.scan` too). The fastest on the 2-core CPU, where a loop iteration
+    per position is cheap: train step of the smoke grid's ssm (train_bench)
+    plain 70 → 46 ms, CER (k = 1) 210 → 152 ms against associative.
+  'chunked' (`architectures/ssm_scan.py`): no loop primitive; the encoder's
+    readout by the two-level chunked scan (≈ 2.5√l short unrolled steps over
+    [b, l/Q, c, s], with a written-out gradient), the read port's per-token
+    contributions straight from the gate factors (exp of segment sums of Δ, no
+    scan over [b,n,c,s]). For accelerators, where a step-by-step scan pays a
+    launch per position and the associative one is memory-bound: XLA's bytes
+    per compiled CER step (scale_bench, p400k, n = 256) 2,832 → 571 MB per
+    example against 'associative' (attention: 169). The restart flags get no
+    gradient on this path (constant 0/1 masks); jvp is not defined for it.
+  'associative': the parallel `jax.lax.associative_scan` over the materialised
+    gates everywhere.
+  'sequential': `lax.scan` over the materialised gates, the reference.
+All give the same values and gradients up to float reassociation
+(tests/test_ssm_scan.py, tests/test_architectures.py: 1e-5).
 
 Query-aware compression: the encoder scans [query; context], so every context
 token's features (and thus the read recurrence's gates) already depend on the
@@ -34,8 +45,10 @@ so with the gates of the run fixed, Π_S state_p = Σ_{j in S ∩ p} u_j exactly
 (`span_decomposition = 'exact'`; SPEC §2). The per-token contributions u_j
 [b,n,c,s] do not depend on S: one reverse segmented scan of the gates per
 example gives the suffix products W_j = Π_{j<k≤end(p)} A_k (no division of
-cumulative products, so products that underflow give 0, not 0/0), and every
-span is then a masked sum (a matmul of the span mask with u). Under the CEU
+cumulative products, so products that underflow give 0, not 0/0) — with
+'chunked', W_j = exp(−rate · Σ_{j<k≤end(p)} Δ_k) from the gate factors, the same
+products up to reassociation (`gate_slot_contributions`) — and every span is then
+a masked sum (a matmul of the span mask with u). Under the CEU
 engine, which splits off probe-independent work by partial evaluation, the scan
 therefore runs once per call whatever the number of probes. Without resets at
 passage starts (`ssm_reset_at_passages=False`) slot p also sees earlier
@@ -55,6 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from architectures import layers
+from architectures import ssm_scan
 from architectures.port import ContextMemory, ReadPort
 from architectures.spec import ArchSpec
 
@@ -84,17 +98,20 @@ def sequential_scan(a: jax.Array, b: jax.Array, reverse: bool = False) -> jax.Ar
 
 
 def resolve_scan_impl(impl: str) -> str:
-  """'auto' -> 'fused' on the CPU backend, else 'associative'; other values unchanged."""
+  """'auto' -> 'fused' on the CPU backend, else 'chunked'; other values unchanged."""
   if impl != "auto":
     return impl
-  return "fused" if jax.default_backend() == "cpu" else "associative"
+  return "fused" if jax.default_backend() == "cpu" else "chunked"
 
 
 def run_scan(a: jax.Array, b: jax.Array, impl: str, reverse: bool = False) -> jax.Array:
   """All states of the recurrence over materialised gates: the parallel associative
-  scan for impl 'associative', else `lax.scan` ('fused' and 'sequential'; on CPU the
-  step-by-step scan is the faster of the two at these lengths)."""
-  scan = associative_scan if resolve_scan_impl(impl) == "associative" else sequential_scan
+  scan for impl 'associative', the two-level chunked scan for 'chunked', else
+  `lax.scan` ('fused' and 'sequential')."""
+  impl = resolve_scan_impl(impl)
+  if impl == "chunked":
+    return ssm_scan.chunked_scan(a, b, reverse)
+  scan = associative_scan if impl == "associative" else sequential_scan
   return scan(a, b, reverse)
 
 
@@ -157,6 +174,10 @@ class Gates:
       return h, jnp.einsum("bcs,bs->bc", h, c_j)
     _, y = jax.lax.scan(step, self._h0(), xs + (jnp.moveaxis(c_out, 1, 0),))
     return jnp.moveaxis(y, 0, 1)
+
+  def chunked_readout(self, c_out: jax.Array) -> jax.Array:
+    """`scan_readout` by the two-level chunked scan (`ssm_scan.chunked_readout`)."""
+    return ssm_scan.chunked_readout(self.dt, self.dtx, self.b_in, self.rate, self.keep, c_out)
 
   def scan_states_at(self, ends: jax.Array) -> jax.Array:
     """Σ_j ends[b,j,p] h_j [b,p,c,s]: the states at the marked positions (the scan
@@ -222,8 +243,11 @@ class MambaBlock(nn.Module):
     c_out = layers.dense(s.ssm_state, ("mlp", "state"), "c", jnp.float32)(u)
     d_skip = self.param("d_skip", layers.logical(nn.initializers.ones, ("mlp",)),
                         (s.ssm_inner,))
-    if resolve_scan_impl(s.scan_impl) == "fused":
+    impl = resolve_scan_impl(s.scan_impl)
+    if impl == "fused":
       y = gates.scan_readout(c_out)                                       # [b,l,c]
+    elif impl == "chunked":
+      y = gates.chunked_readout(c_out)                                    # [b,l,c]
     else:
       h = run_scan(*gates.expand(), s.scan_impl)                          # [b,l,c,s]
       y = jnp.einsum("blcs,bls->blc", h, c_out)
@@ -322,6 +346,18 @@ def slot_contributions(a: jax.Array, bx: jax.Array, passage_ids: jax.Array,
   return SlotContributions(w * bx[:, :, None], None)
 
 
+def gate_slot_contributions(gates: Gates, passage_ids: jax.Array,
+                            num_slots: int) -> SlotContributions:
+  """`slot_contributions` with resets at passage starts, from the gate factors: u_j =
+  exp(−rate · Σ_{j<k≤end(j)} Δ_k) ⊙ B_j x_j (`ssm_scan.segment_contributions`; the
+  same products as the suffix scan, up to float reassociation), without a scan over
+  [b,n,c,s] tensors."""
+  terms = ssm_scan.segment_contributions(gates.dt, gates.dtx, gates.b_in, gates.rate,
+                                         gates.keep, passage_ends(passage_ids))
+  token_slot = passage_ids[:, None, :] == jnp.arange(num_slots)[None, :, None]
+  return SlotContributions(terms, token_slot)
+
+
 class SSMRetrieval(ReadPort):
   """Read port: readout of the selective recurrence's passage-end states."""
   span_decomposition = "exact"  # Π_S state = masked sum of per-token contributions
@@ -353,6 +389,9 @@ class SSMRetrieval(ReadPort):
   def contributions(self, memory: ContextMemory) -> SlotContributions:
     """Per-token contributions to the slot states (independent of any span)."""
     s = self.spec
+    if s.ssm_reset_at_passages and resolve_scan_impl(s.scan_impl) == "chunked":
+      return gate_slot_contributions(self.read_gates(memory), memory.passage_ids,
+                                     s.num_passages)
     a, bx = self.gates_and_inputs(memory)
     return slot_contributions(a, bx, memory.passage_ids, s.num_passages,
                               s.ssm_reset_at_passages, s.scan_impl)

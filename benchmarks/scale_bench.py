@@ -3,6 +3,7 @@ estimated device-hours on an H100 and a TPU v5e (issue #20, item 5).
 
   python -m benchmarks.scale_bench                    # the paper's preset p400k, n = 256, 512; grid
   python -m benchmarks.scale_bench --presets p100k,p400k,p1500k --no_grid   # every preset
+  python -m benchmarks.scale_bench --compare_scan_impl= --time_scan_impls=  # new scan only
 
 1. Compiler cost: the real jitted CER `train_step` (ceu_jax.train.state, abstract state
    and batch: nothing runs) is compiled per (preset, family, n, objective) and
@@ -19,6 +20,18 @@ estimated device-hours on an H100 and a TPU v5e (issue #20, item 5).
    and corruption (L+, L−, three patched runs, correctness: an upper bound, the
    engine's patched runs recompute only from the read port on). Device-hours =
    max(FLOPs / peak, bytes / bandwidth) / utilisation (roofline), and FLOPs alone.
+
+4. The ssm against attention (issue #37, item 2): every ssm program uses
+   `--scan_impl` (default 'chunked', what scan_impl 'auto' picks on an
+   accelerator); `--compare_scan_impl` (default 'associative', the accelerator's
+   scan before) repeats the ssm's CER-step bytes and the paper grid with that scan,
+   so one run prints both estimates. TARGET lines: the grid's H100 roofline hours,
+   all variants, <= 300; the ssm's bytes per compiled
+   CER step (p400k, n = 256) over attention's, <= 3.0; and the same ratio of CPU
+   step time (interleaved timing, first preset and length), <= 3.0 — the goal of
+   the bytes ratio, since a memory-bound scan shows in time too, and the CPU time
+   is the one time CI can measure. It times the accelerator's scan; the CPU's own
+   ('fused', `--time_scan_impls`) is printed beside it.
 
 The estimate is an estimate: bytes come from the CPU compiler's fusion decisions,
 and these models are narrow (E = 48…160), so on an accelerator they are likely
@@ -64,6 +77,9 @@ DEVICES = {
                            "HBM2 819 GB/s"),
 }
 UTILISATION = 0.30     # conservative model-FLOPs (and bandwidth) utilisation
+BYTES_RATIO_GOAL = 3.0  # ssm / attention bytes per compiled CER step (issue #37, item 2)
+TIME_RATIO_GOAL = 3.0   # ssm / attention CPU CER-step time (see the module docstring)
+GRID_HOURS_GOAL = 300.0  # the paper grid's H100 roofline hours, all variants (issue #37)
 FWD_PER_AUDITED = 6    # forwards per audited example and corruption (upper bound)
 COST_BATCH = 128       # batch of the compiled programs (the paper's train.batch_size)
 # Programs compiled only for their cost analysis skip LLVM's optimisations: the
@@ -88,16 +104,23 @@ def _other_loops(hlo: str) -> list[str]:
 
 # 1. Compiler cost ---------------------------------------------------------------
 
-# The accelerator's scan (what scan_impl 'auto' picks off the CPU): XLA's cost analysis
-# counts a while loop's body once, so the CPU's step-by-step 'fused' scan would hide
-# the ssm's per-position work.
-ACCELERATOR_MODEL = dict(scan_impl="associative")
+# The ssm's scan on an accelerator (what scan_impl 'auto' picks off the CPU; --scan_impl):
+# XLA's cost analysis counts a while loop's body once, so the CPU's step-by-step
+# 'fused' scan would hide the ssm's per-position work. Before issue #37 (item 2) the
+# accelerator ran 'associative' (--compare_scan_impl prints those numbers too).
+ACCELERATOR_MODEL = dict(scan_impl="chunked")
+
+
+def model_overrides(family: str) -> dict:
+  """ACCELERATOR_MODEL for the ssm (the other families have no scan: their programs,
+  and so the compiled-program caches, do not depend on it)."""
+  return dict(ACCELERATOR_MODEL) if family == "ssm" else {}
 
 
 def cell_config(preset: str, family: str, n: int, regularizer: str, k: int = 2):
   c = paper.get_config()
   c.model.preset, c.model.family, c.data.context_len = preset, family, n
-  c.model.overrides = dict(c.model.get("overrides", None) or {}, **ACCELERATOR_MODEL)
+  c.model.overrides = dict(c.model.get("overrides", None) or {}, **model_overrides(family))
   c.cer.regularizer, c.cer.k = regularizer, k
   c.train.batch_size = COST_BATCH
   return c
@@ -142,7 +165,8 @@ def train_step_cost(config) -> dict:
 def _spec(preset: str, family: str, n: int):
   d = tasks.data_config(paper.get_config().data)
   return architectures.build_model(dict(family=family, preset=preset,
-                                        overrides=ACCELERATOR_MODEL), vocab_size=d.vocab.size,
+                                        overrides=model_overrides(family)),
+                                   vocab_size=d.vocab.size,
                                    context_len=n, num_passages=d.num_passages,
                                    query_len=d.query_len, answer_len=d.answer_len)
 
@@ -217,8 +241,9 @@ def matmul_rate(size: int, reps: int) -> dict:
           "rate": flops / seconds}
 
 
-def train_step_rate(preset: str, family: str, n: int, batch: int, reps: int) -> dict:
-  """Achieved FLOP/s of the real CER train step (k = 2) at a small batch."""
+def train_step_program(preset: str, family: str, n: int, batch: int):
+  """(run, FLOPs) of the real CER train step (k = 2) at a small batch, compiled and
+  warmed up; run() takes one step."""
   config = cell_config(preset, family, n, "evidence")
   config.train.batch_size = batch
   step, mesh, rules, task, _, (init_fn, shardings, bs) = _train_step(config, batch)
@@ -227,14 +252,30 @@ def train_step_rate(preset: str, family: str, n: int, batch: int, reps: int) -> 
   tb = sharding_lib.shard_batch(task_lib.train_batch(task, 0, batch), bs)
   with sharding_lib.mesh_context(mesh), nn.logical_axis_rules(rules):
     compiled = step.lower(state, tb, rng).compile()
-  flops = _cost(compiled)["flops"]
   holder = [state]
 
   def run():
     holder[0], metrics = compiled(holder[0], tb, rng)
     return metrics
-  seconds = _median_time(run, reps)
-  return {"flops": flops, "seconds": seconds, "rate": flops / seconds}
+  jax.block_until_ready(run())
+  return run, _cost(compiled)["flops"]
+
+
+def train_step_rates(programs: dict, reps: int) -> dict:
+  """{name: seconds, flops, rate} of compiled steps (name -> (run, flops)), timed in
+  interleaved rounds (one step of each per round; median), so that background load
+  hits all of them alike."""
+  times = {name: [] for name in programs}
+  for _ in range(reps):
+    for name, (run, _) in programs.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(run())
+      times[name].append(time.perf_counter() - t0)
+  out = {}
+  for name, (_, flops) in programs.items():
+    seconds = statistics.median(times[name])
+    out[name] = {"flops": flops, "seconds": seconds, "rate": flops / seconds}
+  return out
 
 
 # 3. The grid ------------------------------------------------------------------
@@ -251,7 +292,8 @@ def cell_cost(c, step_cost, fwd_cost) -> dict:
   c = copy.deepcopy(c)
   c.train.batch_size = COST_BATCH
   with c.model.unlocked():
-    c.model.overrides = dict(c.model.get("overrides", None) or {}, **ACCELERATOR_MODEL)
+    c.model.overrides = dict(c.model.get("overrides", None) or {},
+                             **model_overrides(c.model.family))
   sc = step_cost(c)
   steps, every = int(c.train.num_steps), int(c.train.eval_every)
   evals = (steps // every + (steps % every != 0)) if every else 0
@@ -323,6 +365,15 @@ def main(argv=None) -> dict:
   ap.add_argument("--time_batch", type=int, default=8, help="batch of the timed train step")
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--no_grid", action="store_true", help="skip the paper-grid estimate")
+  ap.add_argument("--scan_impl", default=ACCELERATOR_MODEL["scan_impl"],
+                  choices=("chunked", "associative", "sequential"),
+                  help="the ssm's scan_impl for every compiled program (the accelerator's)")
+  ap.add_argument("--compare_scan_impl", default="associative",
+                  help="also the ssm's CER-step bytes and the paper grid with this scan_impl "
+                       "(before issue #37: associative); '' to skip")
+  ap.add_argument("--time_scan_impls", default="fused",
+                  help="comma-separated: also time the ssm's CPU train step with these "
+                       "scan_impls (fused: what 'auto' runs on CPU); '' for none")
   ap.add_argument("--json", default="", help="also write the results here (atomically)")
   args = ap.parse_args(argv)
   presets, families = args.presets.split(","), args.families.split(",")
@@ -332,9 +383,10 @@ def main(argv=None) -> dict:
   if bad:
     raise SystemExit(f"--presets must be in {PRESETS} and --families in "
                      f"{architectures.FAMILIES}, got {bad}")
+  ACCELERATOR_MODEL["scan_impl"] = args.scan_impl
   print(f"devices: {jax.devices()}  cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f}  "
-        f"cost batch {COST_BATCH}", flush=True)
-  steps, fwds, out = {}, {}, {"presets": {}}
+        f"cost batch {COST_BATCH}  ssm scan_impl {args.scan_impl}", flush=True)
+  steps, fwds, out = {}, {}, {"presets": {}, "scan_impl": args.scan_impl}
 
   def step_cost(c):
     key = program_key(c)
@@ -346,9 +398,10 @@ def main(argv=None) -> dict:
     return steps[key]
 
   def fwd_cost(preset, family, n):
-    if (preset, family, n) not in fwds:
-      fwds[(preset, family, n)] = forward_cost(preset, family, n)
-    return fwds[(preset, family, n)]
+    key = (preset, family, n, json.dumps(model_overrides(family), sort_keys=True))
+    if key not in fwds:
+      fwds[key] = forward_cost(preset, family, n)
+    return fwds[key]
 
   mm = matmul_rate(args.matmul, args.reps)
   print(f"matmul {args.matmul}^3 float32: {mm['flops'] / 1e9:.2f} GFLOP (2·M·K·N = "
@@ -375,31 +428,61 @@ def main(argv=None) -> dict:
               step_bytes_per_example=sc["bytes"] / sc["batch"],
               forward_flops_per_example=f["flops"], analytic_forward_flops=f["analytic"])
 
-  print(f"\nCPU: real CER train step (k = 2, batch {args.time_batch}) vs the matmul")
-  rates = {}
-  for family in families:
-    preset, n = presets[0], lengths[0]
-    r = train_step_rate(preset, family, n, args.time_batch, args.reps)
-    rates[family] = r
-    print(f"  {family:<12} {preset} n={n}: {r['flops'] / 1e9:.2f} GFLOP/step, "
+  # The ssm's CER-step bytes against attention's (TARGET), and with the old scan.
+  bytes_ratio = {}
+  if "ssm" in families and "attention" in families:
+    per_ex = lambda c: step_cost(c)["bytes"] / step_cost(c)["batch"]
+    att = per_ex(cell_config("p400k", "attention", 256, "evidence"))
+    for impl in dict.fromkeys([args.scan_impl] + [v for v in [args.compare_scan_impl] if v]):
+      ACCELERATOR_MODEL["scan_impl"] = impl
+      bytes_ratio[impl] = per_ex(cell_config("p400k", "ssm", 256, "evidence")) / att
+      print(f"p400k n=256 CER step bytes, ssm ({impl}) / attention: "
+            f"{att * bytes_ratio[impl] / 1e6:,.1f} / {att / 1e6:,.1f} MB per example = "
+            f"{bytes_ratio[impl]:.2f}", flush=True)
+    ACCELERATOR_MODEL["scan_impl"] = args.scan_impl
+  out["ssm_over_attention_cer_step_bytes_p400k_n256"] = bytes_ratio
+
+  preset, n = time_at = presets[0], lengths[0]
+  print(f"\nCPU: real CER train step (k = 2, batch {args.time_batch}, {preset} n={n}) vs the "
+        f"matmul; interleaved rounds, median of {args.reps}")
+  programs = {}
+  timed = [(f, args.scan_impl if f == "ssm" else None) for f in families]
+  if "ssm" in families:
+    timed += [("ssm", v) for v in args.time_scan_impls.split(",") if v and v != args.scan_impl]
+  for family, impl in timed:
+    if impl:
+      ACCELERATOR_MODEL["scan_impl"] = impl
+    t0 = time.perf_counter()
+    name = family if impl in (None, args.scan_impl) else f"{family}/{impl}"
+    programs[name] = train_step_program(preset, family, n, args.time_batch)
+    print(f"  compiled {name} in {time.perf_counter() - t0:.0f} s", flush=True)
+  ACCELERATOR_MODEL["scan_impl"] = args.scan_impl
+  rates = train_step_rates(programs, args.reps)
+  for name, r in rates.items():
+    print(f"  {name:<12} {r['flops'] / 1e9:.2f} GFLOP/step, "
           f"{1e3 * r['seconds']:.0f} ms, {r['rate'] / 1e9:.1f} GFLOP/s = "
           f"{100 * r['rate'] / mm['rate']:.0f}% of the matmul's", flush=True)
+  print(f"  (load average {os.getloadavg()[0]:.2f})")
   out.update(matmul=mm, cpu_rates=rates)
 
-  if not args.no_grid:
-    print(f"\nPaper grid (configs/paper.py) at utilisation {UTILISATION:.0%} (assumed):")
+  grids = [args.scan_impl] + [v for v in [args.compare_scan_impl] if v and v != args.scan_impl]
+  grid_hours = None
+  for impl in grids if not args.no_grid else []:
+    ACCELERATOR_MODEL["scan_impl"] = impl
+    print(f"\nPaper grid (configs/paper.py) at utilisation {UTILISATION:.0%} (assumed), "
+          f"ssm scan_impl {impl}:")
     for name, d in DEVICES.items():
       print(f"  {name}: {d['source']}")
-    out["grid"] = {}
+    out["grid" if impl == args.scan_impl else f"grid_{impl}"] = grid_out = {}
     for variant in ("main", "k_ablation", "granularity"):
       try:
         cells = grid_cells(variant)
       except ValueError as e:  # printed, never hidden
         print(f"  {variant:<11} skipped: configs/paper.py:{variant} does not expand: {e}")
-        out["grid"][variant] = {"error": str(e)}
+        grid_out[variant] = {"error": str(e)}
         continue
       g = grid_cost(cells, step_cost, fwd_cost)
-      out["grid"][variant] = g
+      grid_out[variant] = g
       print(f"  {variant}: {len(cells)} cells"
             + (f", {len(g['invalid'])} rejected by validation, e.g. {g['invalid'][0]}"
                if g["invalid"] else ""))
@@ -412,6 +495,13 @@ def main(argv=None) -> dict:
               f"{r['bytes'] / 1e18:8.3f} EB (train/eval/audit FLOPs {share}); " + "; ".join(
                   f"{d}: {h['roofline_h']:,.0f} h roofline, {h['compute_bound_h']:,.1f} h "
                   f"FLOPs only" for d, h in r["hours"].items()), flush=True)
+    total = sum(g["total"]["hours"]["H100 SXM"]["roofline_h"] for g in grid_out.values()
+                if "total" in g)
+    print(f"  all variants, ssm scan_impl {impl}: {total:,.0f} H100-hours (roofline)")
+    grid_out["h100_roofline_h"] = total
+    if impl == args.scan_impl:
+      grid_hours = total
+  ACCELERATOR_MODEL["scan_impl"] = args.scan_impl
   print("  (estimate: see the module docstring for what it leaves out)")
 
   print()
@@ -420,6 +510,14 @@ def main(argv=None) -> dict:
     print(_target(f"forward_flops_compiler_vs_analytic_{preset}_{family}_n{n}",
                   max(r, 1 / r), "<=", 2.0))
   print(_target("uncounted_while_loops_in_train_steps", len(set(loops)), "<=", 0))
+  if grid_hours is not None:
+    print(_target("paper_grid_h100_roofline_hours", grid_hours, "<=", GRID_HOURS_GOAL))
+  if args.scan_impl in bytes_ratio:
+    print(_target("ssm_over_attention_cer_step_bytes_p400k_n256", bytes_ratio[args.scan_impl],
+                  "<=", BYTES_RATIO_GOAL))
+  if "ssm" in rates and "attention" in rates:
+    print(_target("ssm_over_attention_cer_step_time_cpu_{}_n{}".format(*time_at),
+                  rates["ssm"]["seconds"] / rates["attention"]["seconds"], "<=", TIME_RATIO_GOAL))
   if args.json:
     io_lib.write_json_atomic(args.json, json.loads(json.dumps(out, default=str)))
   return out

@@ -124,9 +124,10 @@ def test_causal_depthwise_conv_equals_flax_grouped_conv():
   np.testing.assert_allclose(conv.apply(variables, x), ref.apply(variables, x), atol=1e-6)
 
 
-def test_ssm_model_same_logits_with_fused_and_sequential_scan():
+@pytest.mark.parametrize("impl", ["fused", "chunked"])
+def test_ssm_model_same_logits_with_fused_and_sequential_scan(impl):
   ref = _model("ssm", overrides={"scan_impl": "sequential"})
-  fused = _model("ssm", overrides={"scan_impl": "fused"})
+  fused = _model("ssm", overrides={"scan_impl": impl})
   params = architectures.init_params(ref, jax.random.PRNGKey(0))
   x = _inputs()
   np.testing.assert_allclose(jax.jit(fused.apply)(params, *x), jax.jit(ref.apply)(params, *x),

@@ -186,10 +186,12 @@ def _port(reset: bool = True, impl: str = "associative", layout: str = "ragged")
 
 @pytest.mark.parametrize("reset", [True, False])
 @pytest.mark.parametrize("impl,layout", [("associative", "ragged"), ("fused", "ragged"),
-                                         ("fused", "padded")])
+                                         ("fused", "padded"), ("chunked", "ragged"),
+                                         ("chunked", "padded")])
 def test_port_read_equals_masked_rescan(reset, impl, layout):
-  """Every read — the fused scan's unmasked one included — equals the masked re-scan
-  (padded: ids outside the slots and a passage split in two runs)."""
+  """Every read — the fused scan's unmasked one and the chunked path's contributions
+  from the gate factors included — equals the masked re-scan (padded: ids outside
+  the slots and a passage split in two runs)."""
   port, variables, x, memory = _port(reset, impl, layout)
   b, n = memory.passage_ids.shape
   spans = _spans(jax.random.PRNGKey(3), b, n, np.asarray(memory.passage_ids))
@@ -309,19 +311,22 @@ def test_read_scan_is_outside_the_probe_loop(hoist):
     assert _scan_count(body) >= 4
 
 
-def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch):
+@pytest.mark.parametrize("impl,name", [("associative", "slot_contributions"),
+                                       ("chunked", "gate_slot_contributions")])
+def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch, impl, name):
   """Executions of the contributions (counted by a host callback inside them)
   do not grow with K: L+ and L− runs, then Π_S h and h on the clean and the
   corrupted run once each, shared by every chunk."""
   calls = [0]
-  inner = ssm.slot_contributions
+  inner = getattr(ssm, name)
 
   def counted(a, *args, **kw):
-    jax.debug.callback(lambda _: calls.__setitem__(0, calls[0] + 1), a.sum())
+    leaf = jax.tree.leaves(a)[0]
+    jax.debug.callback(lambda _: calls.__setitem__(0, calls[0] + 1), leaf.sum())
     return inner(a, *args, **kw)
 
-  monkeypatch.setattr(ssm, "slot_contributions", counted)
-  model, variables, clean, corrupt, site = _model_and_batch()
+  monkeypatch.setattr(ssm, name, counted)
+  model, variables, clean, corrupt, site = _model_and_batch(impl)
   ll = make_loglik_fn(model)
   b, n = clean.context.shape
 
