@@ -34,7 +34,8 @@ never defines (`TraceDomain.taus`) are not run at all.
 A step index k outside 1..n raises `StepIndexError` naming the item. A domain
 may end its prompts with a `primer` (e.g. 'Step 1:'): the raw output is primer +
 generation, and the reader is given the forced prefix without it (its prompt
-already holds it). The identity intervention (s'_k = s_k) is run at every
+already holds it). For text outputs the kept prefix goes back to a reader with a
+token view as its own tokens (`Reader.prefix_tokens`), the forced block as text. The identity intervention (s'_k = s_k) is run at every
 position as an invariant check: φ must be 0 for a greedy reader, and its row
 says whether the regenerated output is identical to the original (`identical`).
 
@@ -113,6 +114,7 @@ class TraceDomain(abc.ABC):
   max_new_tokens: int = 32  # greedy budget of the original generation
   stop: tuple = ()  # stop strings / token ids
   primer: Any = ''  # raw text / tokens the prompt already ends with (the output's start)
+  is_text: bool = False  # raw outputs are text (generation.text): kept parts go back as tokens
 
   @abc.abstractmethod
   def item_id(self, item: Any) -> Hashable:
@@ -244,7 +246,7 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
   gens = reader.generate([domain.prompt(x) for x in items], ids=ids,
                          max_new_tokens=domain.max_new_tokens, stop=domain.stop)
   rows, calls = [], []
-  for item, i, g in zip(items, ids, gens):
+  for n_item, (item, i, g) in enumerate(zip(items, ids, gens)):
     raw = domain.concat(primer, domain.raw(g))
     tr = None if domain.cut(g) else domain.parse(raw)
     if tr is None:
@@ -261,16 +263,17 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
           rows.append(dict(id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t,
                            parsed=True, applied=False, undefined=got.reason))
         else:
-          calls.append((item, i, tr, k, t, got[0], got[1]))
+          calls.append((item, i, tr, k, t, got[0], got[1], n_item))
   if calls:
     conts = reader.continue_from(
-        [domain.prompt(c[0]) for c in calls], [_unprime(domain, c[6]) for c in calls],
+        [domain.prompt(c[0]) for c in calls],
+        [_reader_prefix(reader, domain, gens[c[7]], c[2], c[3], c[4], c[6]) for c in calls],
         ids=[(c[1], c[3], c[4]) for c in calls],
         max_new_tokens=max(domain.budget(c[2], c[3], c[5].block) for c in calls),
         stop=domain.stop)
   else:
     conts = []
-  for (item, i, tr, k, t, e, forced), g in zip(calls, conts):
+  for (item, i, tr, k, t, e, forced, _), g in zip(calls, conts):
     rows.append(_score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam))
   return rows
 
@@ -300,6 +303,28 @@ def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:
       identical=(full == tr.raw) if t == IDENTITY else None,
       forced=_show(forced), continuation=_show(cont),
       implied_before=_show(e.implied_before), implied_after=_show(e.implied_after))
+
+
+def _reader_prefix(reader: base.Reader, domain: TraceDomain, g: base.Generation,
+                   trace: ParsedTrace, k: int, tau: str, forced: Any) -> Any:
+  """The forced prefix as the reader gets it: without the primer its prompt already ends
+  with and, where the reader has a token view (`Reader.prefix_tokens`) of a text output,
+  with the kept part given back as the reader's own tokens — re-tokenising its text could
+  hand it other tokens than it wrote. The identity intervention's whole prefix is the
+  reader's own output (its own tokens through step k) when the rendering reproduces it."""
+  text = _unprime(domain, forced)
+  if not domain.is_text:
+    return text
+  p = len(domain.primer)
+  if tau == IDENTITY and trace.raw.startswith(forced):
+    own = reader.prefix_tokens(g, len(forced) - p)
+    if own is not None:
+      return own
+  cut = trace.starts[k - 1] - p  # chars of the generation kept before step k
+  kept = reader.prefix_tokens(g, cut) if cut > 0 else None
+  if kept is None:
+    return text
+  return list(kept) + [text[cut:]]
 
 
 def _unprime(domain: TraceDomain, forced: Any) -> Any:

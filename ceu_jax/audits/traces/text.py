@@ -71,6 +71,7 @@ class TextDomain(ts.TraceDomain):
   """Shared text handling (module doc); subclasses define items, prompts and edits."""
   stop = STOP
   primer = 'Step 1:'  # prompts end with it: the reader starts its trace
+  is_text = True
 
   def raw(self, g: base.Generation) -> str:
     return g.text
