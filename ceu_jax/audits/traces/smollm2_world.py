@@ -44,10 +44,15 @@ class SmolLM2World:
 
   def describe(self) -> str:
     return ('SmolLM2-135M-Instruct (%s layers), plain few-shot prompts (%d solved '
-            'demonstrations) with "Step i:" traces. Arithmetic: templated 2–4-step problems, '
-            'Strength by exact recomputation (LogicFlip, FactReversal, CausalInversion). '
-            'Factual: NQ items with their gold passage, step 1 quotes the evidence; '
-            'FactReversal puts the swap entity in the quote (Strength 1), PremiseNegation '
-            'inserts a negation (Strength unknown, reported separately). S is exact match, '
-            'else token F1: there is no LLM judge offline.'
+            'demonstrations) with "Step i:" traces; an output the token budget cuts is a '
+            'parse failure. Arithmetic: templated 2–4-step problems (LogicFlip, FactReversal, '
+            'CausalInversion = swap steps k and k+1); the implied answer comes from the '
+            "trace's own stated steps — each aligned to the problem's operations by content "
+            '(operand; a different operator costs 1), the trace\'s value by the dataflow of '
+            'its stated results, the operations no step performs then done in problem order '
+            '— and is unknown (Strength unknown, counted by reason) where the steps cannot be '
+            'aligned. Factual: NQ items with their gold passage, step 1 quotes the evidence; '
+            'FactReversal puts the swap entity in the quote (Strength 1, implied answer: the '
+            'swap entity), PremiseNegation inserts a negation (Strength unknown, reported '
+            'separately). S is exact match, else token F1: there is no LLM judge offline.'
             % (self.s.n_layers or 'all 30', self.s.n_shots))
