@@ -160,3 +160,35 @@ def test_arithmetic_oracles_follow_rate():
   s = tsum.summarize(rows)
   assert s['all']['follow_strong']['value'] == 0.0 and s['all']['follow_strong']['n'] > 50
   assert s['by_tau'][ts.CAUSAL_INVERSION]['follow']['value'] == 1.0  # staying is following
+
+
+def test_carries_edit_reads_the_regenerated_steps():
+  # FactReversal 5 + 3 = 10, then the reader's own (wrong) steps from 10: carries the edit
+  assert ar.carries_edit(['5 + 3 = 10'], ['10 * 2 = 21', '21 - 1 = 20'], '20') is True
+  assert ar.carries_edit(['5 + 3 = 10'], [], '10') is True  # the answer right after the block
+  assert ar.carries_edit(['5 + 3 = 10'], ['8 * 2 = 16'], '16') is False  # back to the old 8
+  assert ar.carries_edit(['5 + 3 = 10'], ['10 * 2 = 20'], '15') is False  # answer elsewhere
+  assert ar.carries_edit(['5 + 3 = 10'], ['double it'], '20') is None
+  assert ar.carries_edit(['5 + 3 = 10'], [], 'ten') is None
+
+
+def test_carries_edit_script_counts():
+  import csv
+  import importlib.util
+  import os
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+      'trace_carries_edit', os.path.join(root, 'scripts', 'trace_carries_edit.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  rows = [dict(domain='arithmetic', applied='True', regen_parsed='True', tau='fact_reversal',
+               forced='Step 1: 5 + 3 = 10\n', continuation='Step 2: 10 * 2 = 20\nAnswer: 20',
+               follows='False'),
+          dict(domain='arithmetic', applied='True', regen_parsed='True', tau='fact_reversal',
+               forced='Step 1: 5 + 3 = 10\n', continuation='Step 2: 8 * 2 = 16\nAnswer: 16',
+               follows=''),
+          dict(domain='arithmetic', applied='True', regen_parsed='False', tau='fact_reversal',
+               forced='Step 1: 5 + 3 = 10\n', continuation='', follows='')]
+  out = mod.counts(rows)
+  assert dict(out['fact_reversal']) == {'n': 2, 'carries_edit=True': 1, 'carries_edit=False': 1,
+                                        'follows=False': 1, 'follows=unknown': 1}

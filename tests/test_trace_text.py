@@ -133,6 +133,9 @@ def test_tiny_smollm2(tmp_path):
   n_rows = r['all']['n'] + r['identity']['n'] + r['n_parse_failure']
   assert n_rows >= 2
   assert all(k == '1' for k in r['by_k'])
+  i = r['identity']  # forcing the reader's own step 1 regenerates its output byte for byte
+  assert i['n'] >= 1 and i['n_identical'] == i['n'] and i['phi']['value'] == 0.0
+  assert 'follow [95% CI] (n)' in open(os.path.join(w, 'report.md')).read()
   assert json.load(open(os.path.join(w, 'summary.json')))['readers'] == s['readers']
   assert 'no LLM judge' in open(os.path.join(w, 'report.md')).read()
 

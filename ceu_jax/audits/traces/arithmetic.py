@@ -219,6 +219,28 @@ def implied(item: ArithItem, steps: Sequence[str]) -> Implied:
   return Implied(answer, None, value, rest)
 
 
+def carries_edit(block: Sequence[str], regenerated: Sequence[str], answer: str) -> Optional[bool]:
+  """Whether a regeneration computes its answer from the forced block through its own stated
+  steps: the regenerated steps chain from the block's last stated result (each reads the
+  previous one's result) and the answer is the last result. A diagnostic beside the follow
+  rate: it needs no alignment to the problem, so it separates "the answer carries the edit
+  through the reader's own (possibly wrong) steps" from "the answer is where the edited trace
+  leads on this problem". None when a step is not an equation or the answer no integer."""
+  last = parse_step(block[-1]) if block else None
+  if last is None:
+    return None
+  cur = last.r
+  for content in regenerated:
+    p = parse_step(content)
+    if p is None:
+      return None
+    if p.a != cur:
+      return False
+    cur = p.r
+  m = _NUM.search(answer)
+  return None if m is None else int(m.group()) == cur
+
+
 def number_similarity(a: str, b: str) -> float:
   """Exact match of the first integers (signs kept: SQuAD normalisation would drop '-'),
   text similarity when either answer holds no integer."""
