@@ -76,6 +76,16 @@ def test_mixture_follow_rate_against_a_loop(items):
   ref = np.mean([float(tw.mixture_follows(r['id'], share, seed)) for r in e])
   s = tsum.summarize(rows)
   assert s['all']['follow']['value'] == pytest.approx(ref, abs=1e-12)
+  for d, ts_ in s['domain_tau_len'].items():  # every domain × τ × trace length cell
+    for t, ls in ts_.items():
+      for L, c in ls.items():
+        xs = [r for r in e if r['domain'] == d and r['tau'] == t and str(r['trace_len']) == L]
+        assert c['follow']['n'] == len(xs) > 0
+        assert c['follow']['value'] == pytest.approx(
+            np.mean([float(tw.mixture_follows(r['id'], share, seed)) for r in xs]), abs=1e-12)
+  assert sum(c['n'] for ts_ in s['domain_tau_len'].values() for ls in ts_.values()
+             for c in ls.values()) == len(e)
+  assert '| chain | fact_reversal | 1 |' in tsum.tau_length_table(s)
   assert 0.0 < ref < 1.0
   assert s['all']['follow']['ci_low'] < ref < s['all']['follow']['ci_high']
 

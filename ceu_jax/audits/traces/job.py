@@ -195,7 +195,8 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
     md += ['', f'## {r}', '', f"items: {s['n_items']}, parse failures: {s['n_parse_failure']} "
            f"(rate {s['parse_failure_rate']:.3f}); reader wall time "
            f"{summary['reader_wall_s'][r]:.0f} s", '', tsum.table(s), '', '### By trace length', '',
-           tsum.by_length_table(s), '', '### By intervention position k', '',
+           tsum.by_length_table(s), '', '### By τ and trace length', '',
+           tsum.tau_length_table(s), '', '### By intervention position k', '',
            tsum.breakdown_table(s['by_k'], 'k')]
   if config.plots:
     rho_by_length_figure(summary['readers'], ctx.path('rho_by_length'))

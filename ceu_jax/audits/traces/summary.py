@@ -84,8 +84,9 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
   Edit rows are the applied interventions of the four τ (identity rows are the
   invariant check, summarised under 'identity' with n_identical: regenerated outputs
   identical to the original). Breakdowns: {key: {value: cell}}, plus 'domain_tau'
-  {domain: {τ: cell}} for the report's table and 'by_domain_len' {domain: {trace
-  length: cell}} for the plot; 'undefined' {domain: {τ: {reason: n}}} counts the
+  {domain: {τ: cell}} for the report's table, 'by_domain_len' {domain: {trace
+  length: cell}} for the plot and 'domain_tau_len' {domain: {τ: {trace length:
+  cell}}}; 'undefined' {domain: {τ: {reason: n}}} counts the
   interventions undefined for an item. tau_sim is only recorded (run_traces scored
   the rows with it).
   """
@@ -122,10 +123,16 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
   out['domain_tau'] = {d: {t: cell(xs, seed=seed) for t, xs in ts_.items()}
                        for d, ts_ in dt.items()}
   dl = collections.defaultdict(lambda: collections.defaultdict(list))
+  dtl = collections.defaultdict(lambda: collections.defaultdict(list))
   for x in edits:
     dl[x['domain']][x['trace_len']].append(x)
+    dtl[(x['domain'], x['tau'])][x['trace_len']].append(x)
   out['by_domain_len'] = {d: {str(n): cell(xs, seed=seed) for n, xs in sorted(ls.items())}
                           for d, ls in dl.items()}
+  out['domain_tau_len'] = {}
+  for (d, t), ls in dtl.items():
+    out['domain_tau_len'].setdefault(d, {})[t] = {str(n): cell(xs, seed=seed)
+                                                  for n, xs in sorted(ls.items())}
   return out
 
 
@@ -179,6 +186,18 @@ def table(summary: dict) -> str:
 
 def _val(a: dict) -> str:
   return '—' if not a or a.get('value') is None else f"{a['value']:.3f}"
+
+
+def tau_length_table(summary: dict) -> str:
+  """Markdown table of φ, ρ and the follow rate by domain × τ × trace length."""
+  lines = ['| domain | τ | trace length | applied | regen parse fail | φ [95% CI] | ρ [95% CI] | '
+           'follow [95% CI] (n) |', '|---|---|---:|---:|---:|---|---|---|']
+  for d, ts_ in summary.get('domain_tau_len', {}).items():
+    for t in EDIT_TAUS:
+      for L, c in ts_.get(t, {}).items():
+        lines.append(f"| {d} | {t} | {L} | {c['n']} | {c['regen_parse_failure']:.3f} | "
+                     f"{fmt(c['phi'])} | {fmt(c['rho'])} | {fmt_n(c['follow'])} |")
+  return '\n'.join(lines)
 
 
 def by_length_table(summary: dict) -> str:
