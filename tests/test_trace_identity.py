@@ -1,12 +1,13 @@
 """Identity φ = 0 exactly on SmolLM2 (issue #32, SPEC §8.2): forcing the reader's own step k
 and regenerating greedily reproduces its output byte for byte.
 
-The 0.002 of the earlier 150-item run came from an output the token budget had cut
-("Answer: 22 September", budget reached): scored as an answer, and regenerated with a
-fresh budget that let it run on ("… 1939 -- 20 October 2016"). An output cut by the budget
-is now a parse failure (`cut_by_budget`), original or regenerated. The kept prefix goes
-back to the reader as its own tokens (`Reader.prefix_tokens`), never re-tokenised from its
-text (2 of 30 factual outputs were not the canonical tokenisation of their own text).
+The 0.002 of the earlier 150-item run came from 3 of its 581 identity regenerations, all of
+outputs the token budget had cut mid-answer (e.g. "Answer: 22 September"): scored as
+answers, and regenerated with a fresh budget that let them run on ("… 1939 -- 20 October
+2016"). An output cut by the budget is now a parse failure (`cut_by_budget`), original or
+regenerated. The kept prefix goes back to the reader as its own tokens
+(`Reader.prefix_tokens`), never re-tokenised from its text (12 of 150 factual outputs were
+not the canonical tokenisation of their own text).
 """
 import pytest
 
