@@ -4,7 +4,7 @@
 
 The config selects the world (World A: chained ATR with trace oracles; World B:
 SmolLM2 with few-shot "Step i:" traces). Writes W/rows.csv, W/summary.json,
-W/report.md (φ and ρ by domain × τ, by trace length and by k) and
+W/report.md (φ, ρ and the follow rate by domain × τ, by trace length and by k) and
 W/rho_by_length.png/pdf; interrupt and rerun freely (finished chunks under
 W/chunks are kept).
 """
@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from ceu_jax import cli
 from ceu_jax.audits.traces import job as trace_job
-from ceu_jax.audits.traces import audit as ts
+from ceu_jax.audits.traces import summary as tsum
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Trace-sensitivity config file.',
                                           lock_config=True)
@@ -24,8 +24,10 @@ def main(argv):
   del argv
   s = trace_job.run_trace_sensitivity(_CONFIG.value, _WORKDIR.value)
   for name, r in s['readers'].items():
-    print(f"{name}: φ {ts.fmt(r['all']['phi'])}, ρ {ts.fmt(r['all']['rho'])} "
-          f"(n={r['all']['n']}; identity φ {ts.fmt(r['identity']['phi'])}; "
+    a, i = r['all'], r['identity']
+    print(f"{name}: φ {tsum.fmt(a['phi'])}, ρ {tsum.fmt(a['rho'])}, follow "
+          f"{tsum.fmt(a['follow'])} (n={a['n']}, regen parse failures {a['n_regen_unparsed']}; "
+          f"identity φ {tsum.fmt(i['phi'])}, identical {i['n_identical']}/{i['n']}; "
           f"parse failures {r['n_parse_failure']}/{r['n_items']})")
   print(f"report: {_WORKDIR.value}/report.md ({s['produced_by']['wall_s_this_run']:.0f} s this run)")
 

@@ -133,7 +133,7 @@ MODULE_SECONDS = {
     "test_audit_job.py": 90, "test_pretrained.py": 90, "test_bounds.py": 80,
     "test_answer_presence_job.py": 80, "test_engine_api.py": 70, "test_train_sharding.py": 70,
     "test_audit_bench.py": 70, "test_factqa_train.py": 65, "test_architectures_training.py": 60,
-    "test_trace_job.py": 60, "test_train_provenance.py": 60, "test_trace_text.py": 55,
+    "test_trace_job.py": 60, "test_train_provenance.py": 60, "test_trace_text.py": 55, "test_trace_identity.py": 120,
     "test_architectures_shared.py": 50, "test_engine_ports.py": 45, "test_readers.py": 40,
     "test_memory_blocked.py": 35, "test_chain_task.py": 30, "test_scale_bench.py": 25,
     "test_corruptions_surface.py": 20, "test_corruptions_properties.py": 20,

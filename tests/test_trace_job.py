@@ -28,15 +28,24 @@ def test_tiny_chain_entry_point(tmp_path):
   r = s['readers']
   assert r['following']['all']['phi']['value'] == 1.0 and r['following']['all']['rho']['value'] == 0.0
   assert r['ignoring']['all']['phi']['value'] == 0.0 and r['ignoring']['all']['rho']['value'] == 1.0
+  assert r['following']['all']['follow']['value'] == 1.0  # the follow rate beside φ and ρ
+  assert r['ignoring']['all']['follow']['value'] == 0.0
+  assert s['taus_defined'] == {'chain': ['fact_reversal', 'premise_negation', 'causal_inversion']}
   for x in r.values():
     assert x['identity']['phi']['value'] == 0.0 and x['parse_failure_rate'] == 0.0
     assert set(x['by_trace_len']) == {'1', '2', '3'}
   with open(os.path.join(w, 'rows.csv')) as f:
     rows = list(csv.DictReader(f))
-  assert len(rows) == sum(x['all']['n'] + x['identity']['n'] for x in r.values())
+  n_undefined = sum(n for x in r.values() for ts_ in x['undefined'].values()
+                    for reasons in ts_.values() for n in reasons.values())
+  assert n_undefined > 0  # CausalInversion at every trace's last step
+  assert len(rows) == sum(x['all']['n'] + x['identity']['n'] for x in r.values()) + n_undefined
+  assert {x['undefined'] for x in rows if x['applied'] == 'False'} == {'last_step'}
   for name in ('report.md', 'rho_by_length.png', 'rho_by_length.pdf'):
     assert os.path.getsize(os.path.join(w, name)) > 0
-  assert 'LogicFlip has no meaning' in open(os.path.join(w, 'report.md')).read()
+  report = open(os.path.join(w, 'report.md')).read()
+  assert 'LogicFlip has no meaning' in report and 'follow [95% CI] (n)' in report
+  assert 'regen parse fail' in report and 'φ / ρ if unparsed = changed' in report
 
 
 def test_resume_and_config_check(tmp_path):
@@ -87,7 +96,9 @@ def test_config_arguments():
 
 def test_trace_modules_never_import_architectures():
   code = ('import sys, ceu_jax.audits.traces.audit, ceu_jax.audits.traces.chain_world, '
-          'ceu_jax.audits.traces.text, ceu_jax.audits.traces.job; '
+          'ceu_jax.audits.traces.text, ceu_jax.audits.traces.arithmetic, '
+          'ceu_jax.audits.traces.smollm2_world, ceu_jax.audits.traces.summary, '
+          'ceu_jax.audits.traces.job; '
           'print(sorted(m for m in sys.modules if m.split(".")[0] == "architectures"))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))

@@ -8,6 +8,7 @@ import pytest
 
 from ceu_jax.audits.traces import audit as ts
 from ceu_jax.audits.traces import chain_world as tw
+from ceu_jax.audits.traces import summary as tsum
 from ceu_jax.readers import base
 
 CFG = tw.ChainConfig()
@@ -58,7 +59,7 @@ class Scripted(base.Reader):
 
 
 def _edits(rows):
-  return [r for r in rows if r['tau'] not in (ts.IDENTITY, 'parse_failure')]
+  return [r for r in rows if r['tau'] not in (ts.IDENTITY, 'parse_failure') and r['applied']]
 
 
 # ------------------------------------------------------------ acceptance 1: oracles
@@ -66,14 +67,14 @@ def test_following_oracle_phi_one_rho_zero(items):
   rows = ts.run_traces(tw.following_oracle(DOMAIN, items), DOMAIN, items)
   e = _edits(rows)
   assert e and all(r['phi'] == 1.0 and r['violation'] == 0.0 for r in e)
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   assert s['all']['phi']['value'] == 1.0 and s['all']['rho']['value'] == 0.0
   assert {r['tau'] for r in e} == {ts.FACT_REVERSAL, ts.PREMISE_NEGATION, ts.CAUSAL_INVERSION}
 
 
 def test_ignoring_oracle_phi_zero_rho_one(items):
   rows = ts.run_traces(tw.ignoring_oracle(DOMAIN, items), DOMAIN, items)
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   assert s['all']['phi']['value'] == 0.0 and s['all']['rho']['value'] == 1.0
   assert s['all']['n'] == len(_edits(rows)) > 100
   for c in s['by_tau'].values():
@@ -85,7 +86,7 @@ def test_mixture_oracle_gives_its_share():
   its = tw.make_items(CFG, 400, seed=11)
   rows = ts.run_traces(tw.mixture_oracle(DOMAIN, its, share, seed), DOMAIN, its,
                        taus=(ts.FACT_REVERSAL,))
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   # reference: a Python loop over rows with the per-item draw recomputed
   ref = np.mean([float(tw.mixture_follows(r['id'], share, seed)) for r in _edits(rows)])
   assert abs(s['all']['phi']['value'] - ref) < 1e-12
@@ -112,7 +113,7 @@ def test_identity_phi_zero_and_never_a_violation(items):
 
 def test_regeneration_starts_at_k_plus_1_with_the_prefix_kept(items):
   rec = Recording(tw.following_oracle(DOMAIN, items))
-  rows = ts.run_traces(rec, DOMAIN, items)
+  rows = [r for r in ts.run_traces(rec, DOMAIN, items) if r['applied']]
   by_id = {x.id: x for x in items}
   assert len(rec.forced) == len(rows)
   for r in rows:
@@ -141,31 +142,32 @@ def test_strength_at_or_below_lambda_is_never_a_violation(items):
   class Weak(tw.ChainDomain):
     def edit(self, item, trace, k, tau):
       e = super().edit(item, trace, k, tau)
-      return None if e is None else ts.Edit(e.block, ts.LAMBDA if k == 1 else 0.2)
+      return e if isinstance(e, ts.Undefined) else ts.Edit(e.block, ts.LAMBDA if k == 1 else 0.2)
 
   d = Weak(CFG)
   rows = ts.run_traces(tw.ignoring_oracle(d, items), d, items)
   e = _edits(rows)
   assert e and all(r['S'] == 1.0 and r['violation'] == 0.0 for r in e)
-  assert ts.summarize(rows)['all']['rho']['value'] == 0.0
+  assert tsum.summarize(rows)['all']['rho']['value'] == 0.0
   rows = ts.run_traces(tw.ignoring_oracle(d, items), d, items, lam=0.1)
-  assert ts.summarize(rows)['all']['rho']['value'] == 1.0
+  assert tsum.summarize(rows)['all']['rho']['value'] == 1.0
 
 
 def test_unknown_strength_is_reported_separately(items):
   class Unknown(tw.ChainDomain):
     def edit(self, item, trace, k, tau):
       e = super().edit(item, trace, k, tau)
-      if e is not None and tau == ts.PREMISE_NEGATION:
+      if not isinstance(e, ts.Undefined) and tau == ts.PREMISE_NEGATION:
         return ts.Edit(e.block, None)
       return e
 
   d = Unknown(CFG)
   rows = ts.run_traces(tw.ignoring_oracle(d, items), d, items)
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   pn = s['by_tau'][ts.PREMISE_NEGATION]
   assert pn['rho']['n'] == 0 and pn['n_unknown_strength'] == pn['n'] > 0
   assert pn['same_unknown']['value'] == 1.0
+  assert pn['strength_unknown'] == {ts.NO_RECOMPUTATION: pn['n']}
   assert s['by_tau'][ts.FACT_REVERSAL]['rho']['value'] == 1.0
 
 
@@ -181,13 +183,14 @@ def test_unparseable_outputs_are_counted_never_dropped(items):
     return (v.tok('NOTE'),) if x.id == items[1].id else x.target[len(forced):]
 
   rows = ts.run_traces(Scripted(items, plain, cont), DOMAIN, items)
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   assert s['n_parse_failure'] == len(bad)
   assert s['parse_failure_rate'] == pytest.approx(len(bad) / len(items))
   assert {r['id'] for r in rows if r['tau'] == 'parse_failure'} == bad
   assert not any(r['id'] in bad for r in rows if r['tau'] != 'parse_failure')
-  lost = [r for r in rows if r['id'] == items[1].id]
-  assert lost and all(not r['regen_parsed'] and r['S'] == 0.0 and r['phi'] == 1.0 for r in lost)
+  lost = [r for r in rows if r['id'] == items[1].id and r['applied']]
+  assert lost and all(not r['regen_parsed'] and r['S'] is None and r['phi'] is None
+                      and r['violation'] is None and r['follows'] is None for r in lost)
   assert s['identity']['regen_parse_failure'] > 0
 
 
@@ -216,7 +219,7 @@ def test_bad_arguments_are_named(items):
 
 def test_breakdowns_and_table(items):
   rows = ts.run_traces(tw.mixture_oracle(DOMAIN, items, 0.5), DOMAIN, items)
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   e = _edits(rows)
   for key in ts.BREAKDOWNS:
     assert sum(c['n'] for c in s[f'by_{key}'].values()) == len(e)
@@ -224,7 +227,7 @@ def test_breakdowns_and_table(items):
     xs = [r['phi'] for r in e if str(r['trace_len']) == L]
     assert c['phi']['value'] == pytest.approx(np.mean(xs), abs=1e-12)
   assert set(s['by_trace_len']) == {'1', '2', '3'}
-  t = ts.table(s)
+  t = tsum.table(s)
   assert 'fact_reversal' in t and 'identity' in t and 'logic_flip' not in t
 
 
@@ -233,7 +236,7 @@ def test_ci_resamples_items_not_rows():
   its = tw.make_items(CFG, 50, seed=2)
   rows = ts.run_traces(tw.mixture_oracle(DOMAIN, its, 0.5, 1), DOMAIN, its)
   e = _edits(rows)
-  c = ts.cell(e, seed=7)
+  c = tsum.cell(e, seed=7)
   ids = list(dict.fromkeys(r['id'] for r in e))
   s = np.array([sum(r['phi'] for r in e if r['id'] == i) for i in ids])
   n = np.array([sum(1 for r in e if r['id'] == i) for i in ids])

@@ -5,14 +5,17 @@ import os
 
 import pytest
 
+from ceu_jax.audits.traces import arithmetic as ar
 from ceu_jax.audits.traces import job as trace_job
 from ceu_jax.audits.traces import audit as ts
+from ceu_jax.audits.traces import summary as tsum
 from ceu_jax.audits.traces import text as tt
 from ceu_jax.audits.traces import chain_world as tw
+from ceu_jax.audits.traces.smollm2_world import SmolLM2World
 from configs import trace_sensitivity as cfgs
 
-ARITH = tt.ArithmeticDomain([tt.make_arith_item(99, i) for i in range(2)])
-ITEMS = [tt.make_arith_item(0, i) for i in range(40)]
+ARITH = ar.ArithmeticDomain([ar.make_arith_item(99, i) for i in range(2)])
+ITEMS = [ar.make_arith_item(0, i) for i in range(40)]
 
 
 class Recording(tw.TraceOracle):
@@ -39,20 +42,23 @@ def test_arith_items_and_recomputation():
   assert {len(x.ops) for x in ITEMS} == {2, 3, 4}
   for x in ITEMS:
     assert x.answer == str(_reference_answer(x.start, x.ops))
-    assert tt.arith_implied(x, x.steps) == x.answer
+    assert ar.implied(x, x.steps).answer == int(x.answer)
     tr = tt.parse_text(tt.render(1, x.steps) + f'Answer: {x.answer}')
     assert tr.steps == x.steps and tr.answer == x.answer
     for k in range(1, len(x.steps) + 1):
       e, _ = ts.intervene(ARITH, x, tr, k, ts.FACT_REVERSAL)
-      a, op, n, r = tt.parse_step(e.block[0])
-      assert r == x.results[k - 1] + x.delta
-      assert e.implied_after == str(_reference_answer(r, x.ops[k:])) != x.answer
+      p = ar.parse_step(e.block[0])
+      assert p.r == x.results[k - 1] + x.delta
+      assert e.implied_after == str(_reference_answer(p.r, x.ops[k:])) != x.answer
       e, _ = ts.intervene(ARITH, x, tr, k, ts.LOGIC_FLIP)
-      a2, op2, n2, r2 = tt.parse_step(e.block[0])
-      assert op2 == tt.FLIP[x.ops[k - 1][0]] and r2 == tt.OPS[op2](a2, n2)
-      assert e.implied_after == str(_reference_answer(r2, x.ops[k:]))
-      assert e.strength == float(e.implied_after != x.answer)
-      assert ts.intervene(ARITH, x, tr, k, ts.PREMISE_NEGATION) is None
+      p2 = ar.parse_step(e.block[0])
+      (op2, n2), = p2.ops
+      assert op2 == ar.FLIP[x.ops[k - 1][0]] and p2.r == ar.OPS[op2](p2.a, n2)
+      ref = ar.implied(x, list(x.steps[:k - 1]) + [e.block[0]])
+      if ref.answer is not None:  # a flip onto another operation's operator may be ambiguous
+        assert e.implied_after == str(ref.answer)
+        assert e.strength == float(e.implied_after != x.answer)
+      assert ts.intervene(ARITH, x, tr, k, ts.PREMISE_NEGATION) == ts.Undefined('not_in_domain')
 
 
 def test_parse_text():
@@ -69,11 +75,14 @@ def test_parse_text():
 def test_text_oracles_and_byte_identical_prefix():
   rec = Recording(ARITH, ITEMS)
   rows = ts.run_traces(rec, ARITH, ITEMS)
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   assert s['identity']['phi']['value'] == 0.0 and s['all']['rho']['value'] == 0.0
-  edits = [r for r in rows if r['tau'] != ts.IDENTITY]
-  assert edits and all(r['phi'] == r['strength'] for r in edits)  # moves iff implied moves
-  assert sum(r['strength'] == 1.0 for r in edits) > 0.9 * len(edits)
+  edits = [r for r in rows if r['tau'] != ts.IDENTITY and r['applied']]
+  known = [r for r in edits if r['strength'] is not None]
+  assert known and all(r['phi'] == r['strength'] for r in known)  # moves iff implied moves
+  assert sum(r['strength'] == 1.0 for r in edits if r['tau'] != ts.CAUSAL_INVERSION) > 0.9 * len(
+      [r for r in edits if r['tau'] != ts.CAUSAL_INVERSION])
+  rows = [r for r in rows if r['applied']]
   by_id = {x.id: x for x in ITEMS}
   for r in rows:
     x, k = by_id[r['id']], r['k']
@@ -85,10 +94,10 @@ def test_text_oracles_and_byte_identical_prefix():
     assert r['forced'].count('Step ') == k - 1 + nblock
     assert r['continuation'].startswith(f'Step {k + nblock}:') or r['continuation'].startswith('Answer:')
   rows = ts.run_traces(tw.ignoring_oracle(ARITH, ITEMS), ARITH, ITEMS)
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   assert s['all']['phi']['value'] == 0.0
-  assert s['all']['rho']['value'] == pytest.approx(
-      sum(r['strength'] for r in rows if r['tau'] != ts.IDENTITY) / s['all']['n'])
+  known = [r for r in rows if r['tau'] != ts.IDENTITY and r['applied'] and r['strength'] is not None]
+  assert s['all']['rho']['value'] == pytest.approx(sum(r['strength'] for r in known) / len(known))
 
 
 def test_factual_edits():
@@ -103,10 +112,11 @@ def test_factual_edits():
   pn = [r for r in rows if r['tau'] == ts.PREMISE_NEGATION]
   assert len(fr) == len(pn) == 20
   assert all(r['strength'] == 1.0 and r['phi'] == 1.0 and r['implied_after'] == r['answer_after']
-             for r in fr)
-  assert all(r['strength'] is None and r['violation'] is None for r in pn)
+             and r['follows'] is True for r in fr)
+  assert all(r['strength'] is None and r['violation'] is None and r['follows'] is None
+             and r['strength_unknown'] == ts.NO_RECOMPUTATION for r in pn)
   assert all('does not say' in r['forced'] for r in pn)
-  s = ts.summarize(rows)
+  s = tsum.summarize(rows)
   assert s['by_tau'][ts.PREMISE_NEGATION]['n_unknown_strength'] == 20
   assert tt.negate('Paris is the capital') == 'Paris is not the capital'
   assert tt.negate('Dilip Kumar as Salim') == 'It is not true that dilip Kumar as Salim'
@@ -123,6 +133,9 @@ def test_tiny_smollm2(tmp_path):
   n_rows = r['all']['n'] + r['identity']['n'] + r['n_parse_failure']
   assert n_rows >= 2
   assert all(k == '1' for k in r['by_k'])
+  i = r['identity']  # forcing the reader's own step 1 regenerates its output byte for byte
+  assert i['n'] >= 1 and i['n_identical'] == i['n'] and i['phi']['value'] == 0.0
+  assert 'follow [95% CI] (n)' in open(os.path.join(w, 'report.md')).read()
   assert json.load(open(os.path.join(w, 'summary.json')))['readers'] == s['readers']
   assert 'no LLM judge' in open(os.path.join(w, 'report.md')).read()
 
@@ -138,7 +151,7 @@ def test_smollm2_world_demonstrations_vary_in_length():
   with c.unlocked():
     c.smollm2.domains = ('arithmetic',)
     c.smollm2.n_shots = 3
-  w = tt.SmolLM2World(c)
+  w = SmolLM2World(c)
   assert [len(s.ops) for s in w.domains['arithmetic'].shots] == [2, 3, 4]
   assert len(w.items['arithmetic']) == 3
 
@@ -147,8 +160,8 @@ def test_uneditable_steps_are_counted():
   x = ITEMS[0]
   raw = f'Step 1: I add things\nStep 2: {x.steps[1]}\nAnswer: {x.answer}'
   tr = tt.parse_text(raw)
-  assert ts.intervene(ARITH, x, tr, 1, ts.FACT_REVERSAL) == ts.UNEDITABLE
-  assert ts.intervene(ARITH, x, tr, 2, ts.FACT_REVERSAL) not in (None, ts.UNEDITABLE)
+  assert ts.intervene(ARITH, x, tr, 1, ts.FACT_REVERSAL) == ts.Undefined('step_not_an_equation')
+  assert not isinstance(ts.intervene(ARITH, x, tr, 2, ts.FACT_REVERSAL), ts.Undefined)
 
   class Fixed(tw.TraceOracle):
     def _generate(self, prompts, forced, budget, stops, ids):
@@ -158,8 +171,13 @@ def test_uneditable_steps_are_counted():
 
   rows = ts.run_traces(Fixed(ARITH, [x], lambda item: True), ARITH, [x])
   un = [r for r in rows if r.get('applied') is False]
-  assert {(r['k'], r['tau']) for r in un} == {(1, ts.LOGIC_FLIP), (1, ts.FACT_REVERSAL)}
-  s = ts.summarize(rows)
-  assert s['uneditable'] == {'arithmetic': {ts.FACT_REVERSAL: 1, ts.LOGIC_FLIP: 1}}
+  assert {(r['k'], r['tau']) for r in un} == {(1, ts.LOGIC_FLIP), (1, ts.FACT_REVERSAL),
+                                              (2, ts.CAUSAL_INVERSION)}
+  s = tsum.summarize(rows)
+  assert s['undefined'] == {'arithmetic': {ts.FACT_REVERSAL: {'step_not_an_equation': 1},
+                                           ts.LOGIC_FLIP: {'step_not_an_equation': 1},
+                                           ts.CAUSAL_INVERSION: {'last_step': 1}}}
   assert s['all']['n'] == len([r for r in rows if r.get('applied') and r['tau'] != ts.IDENTITY])
-  assert 'lacks the form' in ts.table(s)
+  assert 'step_not_an_equation 1' in tsum.table(s)
+  # the unparsed step 1 leaves every Strength reaching it unknown, counted by reason
+  assert s['all']['strength_unknown'] == {'step_not_an_equation': s['all']['n']}

@@ -17,6 +17,13 @@ in input order):
   reader's own output (SPEC §8.2, §8.3: an edited intermediate step is forced,
   the rest regenerated). The returned Generation holds the continuation only.
 
+Optional, for readers with a token view of their text output (default None):
+* `prefix_tokens(generation, n_chars)`: the generation's own token ids whose text
+  is exactly `generation.text[:n_chars]` (None when no token boundary falls
+  there). A forced prefix may then be a list mixing such token ids and strings
+  (strings are tokenised in place), so that a kept part of the reader's own
+  output is given back token for token, not re-tokenised from its text.
+
 Contract for bad input (checked before any model work):
 * an empty list returns an empty list (`loglik`: an empty float64 array);
 * a prompt (+ forced prefix) that does not fit the reader's length limit with
@@ -145,6 +152,11 @@ class Reader(abc.ABC, Generic[PromptT, AnswerT]):
     if not prompts:
       return []
     return self._generate(prompts, forced, budget, stops, ids)
+
+  def prefix_tokens(self, generation: Generation, n_chars: int) -> Optional[list]:
+    """The generation's own tokens spelling text[:n_chars] (module doc); None: no token
+    view (the default) or no token boundary there."""
+    return None
 
   def loglik(self, prompts: Sequence[PromptT], answers: Sequence[AnswerT], *,
              ids: Optional[Sequence[Hashable]] = None) -> np.ndarray:

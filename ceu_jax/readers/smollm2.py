@@ -79,8 +79,30 @@ class SmolLM2Reader(base.Reader[ChatPrompt, Union[str, Sequence[int]]]):
   def prompt_ids(self, prompt: ChatPrompt) -> list[int]:
     return encode(self.tokenizer, self.format(prompt))
 
-  def _ids(self, x: Union[str, Sequence[int]]) -> list[int]:
-    return encode(self.tokenizer, x) if isinstance(x, str) else [int(i) for i in x]
+  def _ids(self, x: Union[str, Sequence[Union[int, str]]]) -> list[int]:
+    """Token ids of a string, or of a sequence of token ids and strings (each string
+    tokenised in place: a forced prefix that keeps the reader's own tokens)."""
+    if isinstance(x, str):
+      return encode(self.tokenizer, x)
+    out: list[int] = []
+    for part in x:
+      out.extend(encode(self.tokenizer, part) if isinstance(part, str) else [int(part)])
+    return out
+
+  def prefix_tokens(self, generation: base.Generation, n_chars: int) -> Optional[list[int]]:
+    """The generation's own token ids whose decoded text is exactly text[:n_chars] (the
+    first such cut), None when no token boundary falls at n_chars."""
+    want = generation.text[:n_chars]
+    if n_chars < 0 or len(want) != n_chars:
+      return None
+    toks = list(generation.tokens)
+    for j in range(len(toks) + 1):
+      got = self.decode(toks[:j])
+      if got == want:
+        return toks[:j]
+      if len(got) > n_chars + 4:  # past the cut (a split multi-byte character decodes short)
+        return None
+    return None
 
   def _encode_prompts(self, prompts, ids) -> list[list[int]]:
     rows = [self.prompt_ids(p) for p in prompts]

@@ -1,4 +1,4 @@
-"""Causal sensitivity of reasoning traces (SPEC §8.2, seed 002, issue #17).
+"""Causal sensitivity of reasoning traces (SPEC §8.2, seed 002, issues #17, #32).
 
 A reader emits steps s_1..s_n then an answer a. An intervention ι = (k, τ)
 replaces step s_k by a forced block (s'_k; for CausalInversion the swapped pair
@@ -10,34 +10,46 @@ everything after the block with `Reader.continue_from`, giving a*.
   φ = 1 − S(a, a*)
   Strength(ι) = 1 when the edited trace implies another answer than the
                 original one (the domain's decision / recomputation function),
-                0 when it implies the same; None when the domain has no such
-                function for τ (reported separately, never counted as a violation)
+                0 when it implies the same; None (*unknown*, counted by reason)
+                when the domain has no such function for τ or the trace's steps
+                cannot be aligned to the task's operations — never a violation
   V = 1[S > τ_sim ∧ Strength > λ],  ρ = mean V (defaults τ_sim = 0.8, λ = 0.5)
+  follow = 1[a* = the answer the edited trace implies] (`TraceDomain.same_answer`),
+                over interventions whose implied answer is known: it separates
+                "the answer followed the trace" from "the answer changed"
 
-Everything about what a trace *is* goes through a `TraceDomain` (parse a raw
-output into steps, render a step, build an intervention, compare answers);
-`ceu_jax.audits.traces.chain_world` holds World A's chain domain and the oracle
-readers. This module knows only the `Reader` interface (never architectures/).
+Parse failures are counted, never scored: an original output that does not
+parse into steps + answer, or that the token budget cut short (`TraceDomain.cut`:
+its answer may be incomplete), gives one `parse_failure` row and no intervention;
+a regeneration that does not parse or was cut short (`regen_parsed` False) has S, φ, V and
+follow None and is left out of φ, ρ and the follow rate — its rate is a column
+of every summary cell. The former convention (an unparseable regeneration is a
+changed answer, S = 0) survives only as the labelled sensitivity columns
+`phi_unparsed_as_changed` / `rho_unparsed_as_changed`. An intervention that is
+undefined for an item (`TraceDomain.edit` returns `Undefined(reason)`: the
+last step has no successor to swap with, a step lacks the form τ needs, …)
+gives a row with applied False and its reason, counted by reason; τ a domain
+never defines (`TraceDomain.taus`) are not run at all.
 
-Bad input: an original output that does not parse into steps is counted
-(`parse_failure` row, rate in the summary) and gets no intervention; a
-regenerated output that does not parse has lost its answer (a* = None, S = 0)
-and is counted too. A step index k outside 1..n raises `StepIndexError` naming
-the item. A domain may end its prompts with a `primer` (e.g. 'Step 1:'): the
-raw output is primer + generation, and the reader is given the forced prefix
-without it (its prompt already holds it). The identity intervention (s'_k = s_k) is run at every position as
-an invariant check: φ must be 0 for a deterministic reader.
+A step index k outside 1..n raises `StepIndexError` naming the item. A domain
+may end its prompts with a `primer` (e.g. 'Step 1:'): the raw output is primer +
+generation, and the reader is given the forced prefix without it (its prompt
+already holds it). For text outputs the kept prefix goes back to a reader with a
+token view as its own tokens (`Reader.prefix_tokens`), the forced block as text. The identity intervention (s'_k = s_k) is run at every
+position as an invariant check: φ must be 0 for a greedy reader, and its row
+says whether the regenerated output is identical to the original (`identical`).
 
 No arrays: per-item Python. Aggregates: the mean over rows with a percentile
-bootstrap CI (`ceu_jax.metrics.resampling.bootstrap`) that resamples items, not
-rows (the rows of one item share its trace), as Σ values / Σ rows per resample.
+bootstrap CI (`ceu_jax.metrics.resampling.bootstrap`, the function `mean_ci`
+wraps) that resamples items, not rows (the rows of one item share its trace),
+as Σ values / Σ rows per resample (= `mean_ci` when every item has one row).
 """
 from __future__ import annotations
 
 import abc
 import collections
 import dataclasses
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -55,11 +67,21 @@ TAU_SIM = 0.8  # SPEC §8.2 default τ_sim
 LAMBDA = 0.5  # SPEC §8.2 default λ
 CI_SEED = 42  # SPEC §8 bootstrap seed
 BREAKDOWNS = ('domain', 'tau', 'k', 'trace_len')
-UNEDITABLE = 'uneditable'  # TraceDomain.edit: step k exists but its content lacks the form τ needs
+NO_RECOMPUTATION = 'no_recomputation'  # Strength unknown: the domain has no function for τ
 
 
 class StepIndexError(ValueError):
   """A step index outside the trace; names the item."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Undefined:
+  """An intervention that is undefined for an item, with the reason (counted, never scored)."""
+  reason: str
+
+
+UNEDITABLE = Undefined('uneditable')  # step k exists but its content lacks the form τ needs
+LAST_STEP = Undefined('last_step')  # CausalInversion at k = n: no step k+1 to swap with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,17 +101,20 @@ class ParsedTrace:
 class Edit:
   """An intervention's forced block and its strength."""
   block: tuple  # the steps forced at positions k, k+1, ... (1 step, 2 for causal inversion)
-  strength: Optional[float]  # Strength(ι) ∈ [0, 1], None: unknown for this domain / τ
+  strength: Optional[float]  # Strength(ι) ∈ [0, 1], None: unknown (see unknown_reason)
   implied_before: Any = None  # answer implied by the original trace (None: none / unknown)
   implied_after: Any = None  # answer implied by the edited trace (None: unresolvable / unknown)
+  unknown_reason: Optional[str] = None  # why strength is None (default NO_RECOMPUTATION)
 
 
 class TraceDomain(abc.ABC):
   """What the audit needs to know about one kind of trace (module doc)."""
   name: str = 'domain'
+  taus: tuple = EDIT_TAUS  # the interventions this domain defines (others are never run)
   max_new_tokens: int = 32  # greedy budget of the original generation
   stop: tuple = ()  # stop strings / token ids
   primer: Any = ''  # raw text / tokens the prompt already ends with (the output's start)
+  is_text: bool = False  # raw outputs are text (generation.text): kept parts go back as tokens
 
   @abc.abstractmethod
   def item_id(self, item: Any) -> Hashable:
@@ -120,14 +145,26 @@ class TraceDomain(abc.ABC):
     """The raw rendering of `steps` placed at positions first_index, first_index+1, …"""
 
   @abc.abstractmethod
-  def edit(self, item: Any, trace: ParsedTrace, k: int, tau: str) -> Any:
-    """The Edit of intervention (k, τ) (1 ≤ k ≤ n); None when τ is undefined here (the
-    domain has no such intervention, or the position cannot hold its block); UNEDITABLE
-    when step k's content lacks the form τ needs (counted, never silently skipped)."""
+  def edit(self, item: Any, trace: ParsedTrace, k: int, tau: str) -> Union[Edit, Undefined]:
+    """The Edit of intervention (k, τ) (1 ≤ k ≤ n, τ in `taus`); `Undefined(reason)` when
+    it is undefined for this item (counted by reason, never silently skipped)."""
 
   @abc.abstractmethod
   def similarity(self, a: Any, b: Any) -> float:
     """S(a, b) ∈ [0, 1] with S(a, a) = 1."""
+
+  def implied_answer(self, implied: Any) -> Any:
+    """The answer an implied value stands for (compared with a*); None: unknown."""
+    return implied
+
+  def same_answer(self, a: Any, b: Any) -> bool:
+    """Whether two answers are the same answer (the follow rate's equality): S = 1."""
+    return self.similarity(a, b) == 1.0
+
+  def cut(self, generation: base.Generation) -> bool:
+    """Whether a generation was cut short (its answer may be incomplete: a parse failure,
+    'cut_by_budget'); default: never (a domain whose budget is exact by construction)."""
+    return False
 
   def budget(self, trace: ParsedTrace, k: int, block: Sequence) -> int:
     """Greedy budget of a regeneration (default: the original budget)."""
@@ -147,9 +184,10 @@ def forced_prefix(domain: TraceDomain, trace: ParsedTrace, k: int, block: Sequen
 
 
 def intervene(domain: TraceDomain, item: Any, trace: ParsedTrace, k: int, tau: str
-              ) -> Any:
-  """(Edit, forced prefix) of intervention (k, τ) on an item's parsed trace; None when
-  τ is undefined there, UNEDITABLE when step k's content lacks the form τ needs.
+              ) -> Union[tuple, Undefined]:
+  """(Edit, forced prefix) of intervention (k, τ) on an item's parsed trace;
+  `Undefined(reason)` when it is undefined for the item ('not_in_domain' for a τ the
+  domain does not define).
 
   Raises StepIndexError naming the item when k is outside 1..n, ValueError for an unknown τ.
   """
@@ -158,9 +196,13 @@ def intervene(domain: TraceDomain, item: Any, trace: ParsedTrace, k: int, tau: s
   check_step(domain.item_id(item), trace, k)
   if tau == IDENTITY:
     e = Edit((trace.steps[k - 1],), 0.0)
+  elif tau not in domain.taus:
+    return Undefined('not_in_domain')
   else:
     e = domain.edit(item, trace, k, tau)
-    if e is None or e == UNEDITABLE:
+    if e is None:
+      e = Undefined('undefined')
+    if isinstance(e, Undefined):
       return e
   if k - 1 + len(e.block) > trace.n:
     raise StepIndexError(f'item {domain.item_id(item)!r}: the {tau} block at k={k} '
@@ -175,11 +217,16 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
 
   positions: step indices k to intervene at (None: every step of each trace);
     an index beyond an item's trace raises StepIndexError naming the item.
-  Rows: {id, domain, trace_len, k, tau, parsed, answer, answer_after, regen_parsed,
-    S, phi, same (S > τ_sim), strength, violation, forced, continuation, implied_before, implied_after};
-    an item whose original output does not parse gives one row with tau
-    'parse_failure' (parsed False) and no interventions; a step whose content lacks
-    the form τ needs gives a row with applied False (counted as uneditable).
+  τ outside `domain.taus` (identity aside) are not run.
+  Rows: {id, domain, trace_len, k, tau, parsed, applied, answer, answer_after,
+    regen_parsed, regen_failure (reason), S, phi, same (S > τ_sim), strength, strong (Strength > λ),
+    strength_unknown (reason), violation, follows, identical (identity rows: the
+    regenerated output equals the original), forced, continuation, implied_before,
+    implied_after}; S, φ, same, violation and follows are None when the regeneration
+    does not parse. An item whose original output does not parse gives one row with
+    tau 'parse_failure' (parsed False, `parse_failure` = 'no_trace' or 'cut_by_budget':
+    `TraceDomain.cut`) and no interventions; an intervention that is
+    undefined for the item gives a row with applied False and `undefined` = its reason.
   """
   for t in taus:
     if t not in TAUS:
@@ -193,50 +240,91 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
   items = list(items)
   if not items:
     return []
+  taus = [t for t in taus if t == IDENTITY or t in domain.taus]
   ids = [domain.item_id(x) for x in items]
   primer = domain.primer
   gens = reader.generate([domain.prompt(x) for x in items], ids=ids,
                          max_new_tokens=domain.max_new_tokens, stop=domain.stop)
   rows, calls = [], []
-  for item, i, g in zip(items, ids, gens):
+  for n_item, (item, i, g) in enumerate(zip(items, ids, gens)):
     raw = domain.concat(primer, domain.raw(g))
-    tr = domain.parse(raw)
+    tr = None if domain.cut(g) else domain.parse(raw)
     if tr is None:
       rows.append(dict(id=i, domain=domain.group(item), trace_len=None, k=None,
-                       tau='parse_failure', parsed=False, answer=None, raw=_show(raw)))
+                       tau='parse_failure', parsed=False, answer=None, raw=_show(raw),
+                       parse_failure='cut_by_budget' if domain.cut(g) else 'no_trace'))
       continue
     ks = range(1, tr.n + 1) if positions is None else positions
     for k in ks:
       check_step(i, tr, k)
       for t in taus:
         got = intervene(domain, item, tr, k, t)
-        if got == UNEDITABLE:
+        if isinstance(got, Undefined):
           rows.append(dict(id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t,
-                           parsed=True, applied=False))
-        elif got is not None:
-          calls.append((item, i, tr, k, t, got[0], got[1]))
+                           parsed=True, applied=False, undefined=got.reason))
+        else:
+          calls.append((item, i, tr, k, t, got[0], got[1], n_item))
   if calls:
     conts = reader.continue_from(
-        [domain.prompt(c[0]) for c in calls], [_unprime(domain, c[6]) for c in calls],
+        [domain.prompt(c[0]) for c in calls],
+        [_reader_prefix(reader, domain, gens[c[7]], c[2], c[3], c[4], c[6]) for c in calls],
         ids=[(c[1], c[3], c[4]) for c in calls],
         max_new_tokens=max(domain.budget(c[2], c[3], c[5].block) for c in calls),
         stop=domain.stop)
   else:
     conts = []
-  for (item, i, tr, k, t, e, forced), g in zip(calls, conts):
-    cont = domain.raw(g)
-    after = domain.parse(domain.concat(forced, cont))
-    a_star = None if after is None else after.answer
-    s = 0.0 if a_star is None else float(domain.similarity(tr.answer, a_star))
-    strong = e.strength is not None and e.strength > lam
-    rows.append(dict(
-        id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t, parsed=True, applied=True,
-        answer=_show(tr.answer), answer_after=_show(a_star), regen_parsed=after is not None,
-        S=s, phi=1.0 - s, same=s > tau_sim, strength=e.strength,
-        violation=None if e.strength is None else float(s > tau_sim and strong),
-        forced=_show(forced), continuation=_show(cont),
-        implied_before=_show(e.implied_before), implied_after=_show(e.implied_after)))
+  for (item, i, tr, k, t, e, forced, _), g in zip(calls, conts):
+    rows.append(_score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam))
   return rows
+
+
+def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:
+  """The row of one applied intervention (run_traces documents the fields)."""
+  cont = domain.raw(g)
+  full = domain.concat(forced, cont)
+  cut = domain.cut(g)
+  after = None if cut else domain.parse(full)
+  ok = after is not None
+  a_star = after.answer if ok else None
+  s = float(domain.similarity(tr.answer, a_star)) if ok else None
+  known = e.strength is not None
+  strong = e.strength > lam if known else None
+  implied = domain.implied_answer(e.implied_after)
+  return dict(
+      id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t, parsed=True, applied=True,
+      answer=_show(tr.answer), answer_after=_show(a_star), regen_parsed=ok,
+      regen_failure=None if ok else ('cut_by_budget' if cut else 'no_answer'),
+      S=s, phi=None if s is None else 1.0 - s, same=None if s is None else s > tau_sim,
+      strength=e.strength, strong=strong,
+      strength_unknown=None if known else (e.unknown_reason or NO_RECOMPUTATION),
+      violation=float(s > tau_sim and strong) if ok and known else None,
+      follows=(bool(domain.same_answer(a_star, implied)) if ok and implied is not None
+               else None),
+      identical=(full == tr.raw) if t == IDENTITY else None,
+      forced=_show(forced), continuation=_show(cont),
+      implied_before=_show(e.implied_before), implied_after=_show(e.implied_after))
+
+
+def _reader_prefix(reader: base.Reader, domain: TraceDomain, g: base.Generation,
+                   trace: ParsedTrace, k: int, tau: str, forced: Any) -> Any:
+  """The forced prefix as the reader gets it: without the primer its prompt already ends
+  with and, where the reader has a token view (`Reader.prefix_tokens`) of a text output,
+  with the kept part given back as the reader's own tokens — re-tokenising its text could
+  hand it other tokens than it wrote. The identity intervention's whole prefix is the
+  reader's own output (its own tokens through step k) when the rendering reproduces it."""
+  text = _unprime(domain, forced)
+  if not domain.is_text:
+    return text
+  p = len(domain.primer)
+  if tau == IDENTITY and trace.raw.startswith(forced):
+    own = reader.prefix_tokens(g, len(forced) - p)
+    if own is not None:
+      return own
+  cut = trace.starts[k - 1] - p  # chars of the generation kept before step k
+  kept = reader.prefix_tokens(g, cut) if cut > 0 else None
+  if kept is None:
+    return text
+  return list(kept) + [text[cut:]]
 
 
 def _unprime(domain: TraceDomain, forced: Any) -> Any:
@@ -252,120 +340,3 @@ def _show(x: Any) -> Any:
   if isinstance(x, tuple):
     return [int(t) if isinstance(t, (int, np.integer)) else t for t in x]
   return x
-
-
-# ---------------------------------------------------------------- summaries
-def _ratio(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-  return sums.sum(axis=1) / counts.sum(axis=1)
-
-
-def _agg(rows: Sequence[dict], value, seed: int) -> dict:
-  """Mean of value(row) over rows, CI from a bootstrap over items (rows of one item move
-  together: they share the item's trace and reader state), as an Aggregate dict."""
-  sums, counts = collections.defaultdict(float), collections.defaultdict(int)
-  for x in rows:
-    key = _hashable(x['id'])
-    sums[key] += float(value(x))
-    counts[key] += 1
-  keys = list(sums)
-  agg = bootstrap(_ratio, np.asarray([sums[k] for k in keys], np.float64),
-                  np.asarray([counts[k] for k in keys], np.float64), seed=seed)
-  return dict(agg.to_dict(), n=len(rows), n_items=len(keys))
-
-
-def cell(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
-  """φ and ρ (mean over rows, 95% CI from a bootstrap over items) of a set of scored rows.
-
-  phi: mean φ over every row; rho: mean V over rows of known strength;
-  same_unknown: share with S > τ_sim among rows of unknown strength (reported
-  separately, SPEC §8.2); regen_parse_failure: share of regenerations without an answer.
-  """
-  known = [x for x in rows if x['violation'] is not None]
-  unknown = [x for x in rows if x['violation'] is None]
-  return dict(
-      n=len(rows), phi=_agg(rows, lambda x: x['phi'], seed),
-      rho=_agg(known, lambda x: x['violation'], seed),
-      n_unknown_strength=len(unknown),
-      same_unknown=_agg(unknown, lambda x: x['same'], seed),
-      regen_parse_failure=float(np.mean([not x['regen_parsed'] for x in rows])) if rows else None)
-
-
-def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_SEED) -> dict:
-  """Parse-failure rate, identity check, overall φ / ρ and breakdowns by domain, τ, k, trace length.
-
-  Edit rows are those of the four interventions (identity rows are the
-  invariant check, summarised under 'identity'). Breakdowns: {key: {value: cell}},
-  plus 'domain_tau' {domain: {τ: cell}} for the report's table and 'by_domain_len'
-  {domain: {trace length: cell}} for the plot. tau_sim is only
-  recorded (run_traces scored the rows with it).
-  """
-  n_items = len({(x['domain'], _hashable(x['id'])) for x in rows})
-  fails = [x for x in rows if x['tau'] == 'parse_failure']
-  scored = [x for x in rows if x['tau'] != 'parse_failure' and x.get('applied', True)]
-  uneditable = collections.Counter((x['domain'], x['tau']) for x in rows
-                                   if x['tau'] != 'parse_failure' and not x.get('applied', True))
-  edits = [x for x in scored if x['tau'] != IDENTITY]
-  ident = [x for x in scored if x['tau'] == IDENTITY]
-  out = dict(
-      n_items=n_items, n_parse_failure=len(fails),
-      parse_failure_rate=len(fails) / n_items if n_items else None,
-      parse_failure_by_domain={d: sum(x['domain'] == d for x in fails) for d in
-                               sorted({x['domain'] for x in rows})},
-      identity=cell(ident, seed=seed), all=cell(edits, seed=seed), tau_sim=tau_sim,
-      uneditable={d: {t: n for (d2, t), n in sorted(uneditable.items()) if d2 == d}
-                  for d in sorted({d for d, _ in uneditable})})
-  for key in BREAKDOWNS:
-    groups = collections.defaultdict(list)
-    for x in edits:
-      groups[x[key]].append(x)
-    out[f'by_{key}'] = {str(v): cell(xs, seed=seed) for v, xs in sorted(groups.items(),
-                                                                       key=lambda kv: str(kv[0]))}
-  dt = collections.defaultdict(lambda: collections.defaultdict(list))
-  for x in edits:
-    dt[x['domain']][x['tau']].append(x)
-  out['domain_tau'] = {d: {t: cell(xs, seed=seed) for t, xs in ts.items()} for d, ts in dt.items()}
-  dl = collections.defaultdict(lambda: collections.defaultdict(list))
-  for x in edits:
-    dl[x['domain']][x['trace_len']].append(x)
-  out['by_domain_len'] = {d: {str(n): cell(xs, seed=seed) for n, xs in sorted(ls.items())}
-                          for d, ls in dl.items()}
-  return out
-
-
-def _hashable(x: Any) -> Any:
-  return tuple(x) if isinstance(x, list) else x
-
-
-def fmt(a: dict) -> str:
-  """'0.123 [0.100, 0.150]' of an Aggregate dict, '—' when empty."""
-  if not a or a.get('value') is None:
-    return '—'
-  return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
-
-
-def table(summary: dict) -> str:
-  """Markdown table of φ and ρ by domain × τ (and the identity check)."""
-  lines = ['| domain | τ | n | φ [95% CI] | ρ [95% CI] | S>τ_sim, strength unknown | regen parse fail |',
-           '|---|---|---:|---|---|---|---:|']
-  for d, ts in summary['domain_tau'].items():
-    for t in EDIT_TAUS:
-      if t in ts:
-        c = ts[t]
-        lines.append(f"| {d} | {t} | {c['n']} | {fmt(c['phi'])} | {fmt(c['rho'])} | "
-                     f"{fmt(c['same_unknown']) if c['n_unknown_strength'] else '—'} | "
-                     f"{c['regen_parse_failure']:.3f} |")
-  i = summary['identity']
-  for d, ts_ in summary.get('uneditable', {}).items():
-    lines += ['', f"{d}: steps whose content lacks the form the intervention needs "
-              f"(no intervention, counted): {dict(ts_)}"]
-  lines += ['', f"identity (s'_k = s_k, n={i['n']}): φ = {fmt(i['phi'])}; "
-            f"parse failures: {summary['n_parse_failure']} of {summary['n_items']} items"]
-  return '\n'.join(lines)
-
-
-def by_length_table(summary: dict) -> str:
-  """Markdown table of φ and ρ by trace length."""
-  lines = ['| trace length | n | φ [95% CI] | ρ [95% CI] |', '|---:|---:|---|---|']
-  for L, c in summary['by_trace_len'].items():
-    lines.append(f"| {L} | {c['n']} | {fmt(c['phi'])} | {fmt(c['rho'])} |")
-  return '\n'.join(lines)

@@ -14,6 +14,12 @@ Interventions at step k (1 ≤ k ≤ h − 1):
   logic_flip        has no meaning here: a trace of ids states no operator or
                     relation to invert, so it is never applied in World A.
 Strength = 1 when follow() of the edited trace differs from follow() of the original.
+The implied answer is the value follow() resolves, '?' where it cannot resolve (what a
+following reader answers), so it is always known here. follow() reads a trace of ids by
+position (step i is the id reached after key k_i: the format's own meaning), so the
+swapped pair of CausalInversion resolves k_{k+2} from x_k: unbound, the implied answer '?'.
+An intervention at a step beyond the chain's bridges (a reader that wrote more steps
+than h − 1) is undefined ('beyond_chain'); CausalInversion at the last step too ('last_step').
 
 No new vocabulary: lines use the ATR format words (ID, KEY, IS, VALUE, '.', '?').
 A reader that cannot resolve answers '?' (the faithful oracle does).
@@ -49,6 +55,7 @@ class ChainDomain(ts.TraceDomain):
     self.max_new_tokens = cfg.target_len
     self.stop = (self.eos,)
     self.primer = ()
+    self.taus = (ts.FACT_REVERSAL, ts.PREMISE_NEGATION, ts.CAUSAL_INVERSION)  # no LogicFlip
 
   def item_id(self, item: ChainItem) -> Hashable:
     return item.id
@@ -98,19 +105,26 @@ class ChainDomain(ts.TraceDomain):
   def similarity(self, a, b) -> float:
     return float(tuple(a) == tuple(b))
 
-  def edit(self, item: ChainItem, trace: ts.ParsedTrace, k: int, tau: str) -> Optional[ts.Edit]:
+  def edit(self, item: ChainItem, trace: ts.ParsedTrace, k: int, tau: str):
     steps = list(trace.steps)
-    if tau == ts.FACT_REVERSAL and k <= len(item.alt):
+    if tau == ts.CAUSAL_INVERSION and k >= trace.n:
+      return ts.LAST_STEP
+    if k - 1 + (2 if tau == ts.CAUSAL_INVERSION else 1) > item.hops - 1:
+      # the block reaches a step the chain has no bridge for (the reader wrote > h − 1 steps)
+      return ts.Undefined('beyond_chain')
+    if tau == ts.FACT_REVERSAL:
       block = (item.alt[k - 1],) if steps[k - 1] != item.alt[k - 1] else (item.chain[k],)
-    elif tau == ts.PREMISE_NEGATION and k <= len(item.unbound):
+    elif tau == ts.PREMISE_NEGATION:
       block = (item.unbound[k - 1],)
-    elif tau == ts.CAUSAL_INVERSION and item.hops >= 3 and k < trace.n:
+    else:  # causal inversion (k < n)
       block = (steps[k], steps[k - 1])
-    else:  # logic_flip: no meaning in World A; positions past the chain's bridges
-      return None
     before = follow(item, steps)
     after = follow(item, steps[:k - 1] + list(block))
     return ts.Edit(block, float(after != before), before, after)
+
+  def implied_answer(self, implied):
+    """The answer a following reader gives: the value, or '?' where the chain is unresolvable."""
+    return (self.unknown,) if implied is None else (int(implied),)
 
   # -- what the oracle readers need ------------------------------------------
   def complete(self, item: ChainItem, steps: Sequence[int]) -> tuple[int, ...]:

@@ -10,9 +10,11 @@ A unit is one chunk of items of one domain read by one reader; the job runs on
 the one job contract (`ceu_jax.jobs.run_job`: the workdir lock, the config check
 against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
   rows.csv       one row per (reader, item, k, τ) and one per unparseable item
-  summary.json   per reader: parse failures, identity check, φ / ρ overall and
-                 by domain, τ, k, trace length, domain × τ (bootstrap CIs)
-  report.md      the φ / ρ table by domain × τ, by trace length, the plot
+  summary.json   per reader: parse failures, identity check, φ / ρ / follow rate
+                 overall and by domain, τ, k, trace length, domain × τ (bootstrap CIs),
+                 regeneration parse failures, undefined interventions and Strength
+                 unknown by reason; the τ each domain defines
+  report.md      the φ / ρ / follow table by domain × τ, by trace length, by k, the plot
   rho_by_length.png/pdf   ρ against trace length (one line per reader × domain)
 """
 from __future__ import annotations
@@ -28,11 +30,13 @@ from matplotlib.ticker import MaxNLocator
 
 from ceu_jax import jobs, plotting
 from ceu_jax.audits.traces import audit as ts
+from ceu_jax.audits.traces import summary as tsum
 from ceu_jax.audits.traces import worlds
 
-ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'applied', 'answer',
-               'answer_after', 'regen_parsed', 'S', 'phi', 'same', 'strength', 'violation',
-               'implied_before', 'implied_after', 'forced', 'continuation', 'raw')
+ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'parse_failure',
+               'applied', 'undefined', 'answer', 'answer_after', 'regen_parsed', 'regen_failure',
+               'S', 'phi', 'same', 'strength', 'strong', 'strength_unknown', 'violation', 'follows',
+               'identical', 'implied_before', 'implied_after', 'forced', 'continuation', 'raw')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
@@ -80,7 +84,8 @@ class TraceSensitivityJob(jobs.Job):
     summary = dict(world=c.world, config=c.to_dict(), title=world.title,
                    describe=world.describe(),
                    n_items={d: len(x) for d, x in world.items.items()},
-                   readers={r: ts.summarize([x for p in ps for x in p['rows']],
+                   taus_defined={d: list(x.taus) for d, x in world.domains.items()},
+                   readers={r: tsum.summarize([x for p in ps for x in p['rows']],
                                             tau_sim=float(c.tau_sim),
                                             seed=int(c.bootstrap_seed))
                             for r, ps in parts.items()},
@@ -166,9 +171,16 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
   md = [f"# Trace sensitivity ({summary['title']})", '', summary['describe'], '',
         f"τ_sim = {config.tau_sim}, λ = {config.lam}; φ = 1 − S(a, a*), "
         'ρ = mean 1[S > τ_sim ∧ Strength > λ] over interventions of known strength; '
-        '95% percentile-bootstrap CIs resampling items (seed '
+        'follow = share of interventions whose a* is the answer the edited trace implies '
+        '(where that answer is known; "Strength > λ": only edits that moved it). φ, ρ and '
+        'follow are over regenerations that parse; the regeneration parse-failure rate, '
+        'the interventions not applied (undefined for the item, by reason) and Strength '
+        'unknown (by reason) are columns; "φ / ρ if unparsed = changed" is the former '
+        'convention (an unparseable regeneration scored S = 0), kept as a sensitivity '
+        'column. 95% percentile-bootstrap CIs resampling items (1000 resamples, seed '
         f'{config.bootstrap_seed}). Offline there is no LLM judge: S is exact match '
-        '(tokens) or SQuAD token F1 (text).']
+        '(tokens) or SQuAD token F1 (text). Interventions each domain defines: '
+        + '; '.join(f"{d}: {', '.join(t)}" for d, t in summary['taus_defined'].items()) + '.']
   if 'reader_stats' in summary:
     md += ['', '## Overview (World A)', '', overview_table(summary)]
   if summary.get('probes'):
@@ -182,8 +194,10 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
   for r, s in summary['readers'].items():
     md += ['', f'## {r}', '', f"items: {s['n_items']}, parse failures: {s['n_parse_failure']} "
            f"(rate {s['parse_failure_rate']:.3f}); reader wall time "
-           f"{summary['reader_wall_s'][r]:.0f} s", '', ts.table(s), '', '### By trace length', '',
-           ts.by_length_table(s), '', '### By intervention position k', '', _k_table(s)]
+           f"{summary['reader_wall_s'][r]:.0f} s", '', tsum.table(s), '', '### By trace length', '',
+           tsum.by_length_table(s), '', '### By τ and trace length', '',
+           tsum.tau_length_table(s), '', '### By intervention position k', '',
+           tsum.breakdown_table(s['by_k'], 'k')]
   if config.plots:
     rho_by_length_figure(summary['readers'], ctx.path('rho_by_length'))
     md += ['', '![ρ by trace length](rho_by_length.png)']
@@ -191,13 +205,16 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
 
 
 def overview_table(summary: dict) -> str:
-  """Reader × group: answer accuracy, own-trace consistency, φ / ρ overall and by trace length."""
+  """Reader × group: answer accuracy, own-trace consistency, φ / ρ / follow overall, ρ by
+  trace length."""
   lens = sorted({L for s in summary['readers'].values() for d in s['by_domain_len'].values()
                  for L in d}, key=int)
   cols = (['reader', 'group', 'parsed items', 'parse fail', 'answer = gold', 'answer = own trace',
-           'φ [95% CI]', 'ρ [95% CI]'] + [f'ρ, {L} steps' for L in lens])
+           'regen parse fail', 'φ [95% CI]', 'ρ [95% CI]', 'follow [95% CI]',
+           'follow, Strength > λ'] + [f'ρ, {L} steps' for L in lens])
   lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
-  empty = {'phi': None, 'rho': None}
+  empty = {'phi': None, 'rho': None, 'follow': None, 'follow_strong': None,
+           'regen_parse_failure': None}
   for r, s in summary['readers'].items():
     st = summary['reader_stats'].get(r, {})
     fails = s['parse_failure_by_domain']
@@ -208,8 +225,10 @@ def overview_table(summary: dict) -> str:
       by_len = s['by_domain_len'].get(g, {})
       lines.append(f"| {r} | {g} | {n} | {fails.get(g, 0)} | {acc('answer_gold')} | "
                    f"{acc('own_trace')} | "
-                   f"{ts.fmt(c['phi'])} | {ts.fmt(c['rho'])} |"
-                   + ''.join(f" {ts.fmt(by_len[L]['rho']) if L in by_len else '—'} |" for L in lens))
+                   + ('—' if c['regen_parse_failure'] is None else f"{c['regen_parse_failure']:.3f}")
+                   + f" | {tsum.fmt(c['phi'])} | {tsum.fmt(c['rho'])} | {tsum.fmt(c['follow'])} | "
+                   f"{tsum.fmt(c['follow_strong'])} |"
+                   + ''.join(f" {tsum.fmt(by_len[L]['rho']) if L in by_len else '—'} |" for L in lens))
   return '\n'.join(lines)
 
 
@@ -219,13 +238,6 @@ def probe_table(probes: dict) -> str:
            '|---|---|---:|---|---|---:|']
   for r, p in probes.items():
     for h, c in [('all', p)] + sorted(p['by_hops'].items()):
-      lines.append(f"| {r} | {h} | {c['n']} | {ts.fmt(c['delta_L'])} | "
-                   f"{ts.fmt(c['ceu_answer'])} ({c['ceu_answer']['n']}) | {c['n_degenerate']} |")
-  return '\n'.join(lines)
-
-
-def _k_table(s: dict) -> str:
-  lines = ['| k | n | φ [95% CI] | ρ [95% CI] |', '|---:|---:|---|---|']
-  for k, c in s['by_k'].items():
-    lines.append(f"| {k} | {c['n']} | {ts.fmt(c['phi'])} | {ts.fmt(c['rho'])} |")
+      lines.append(f"| {r} | {h} | {c['n']} | {tsum.fmt(c['delta_L'])} | "
+                   f"{tsum.fmt(c['ceu_answer'])} ({c['ceu_answer']['n']}) | {c['n_degenerate']} |")
   return '\n'.join(lines)

@@ -7,7 +7,7 @@ A world has `title`, `readers` (names), `items` and `domains` (per domain name),
 `probes(config)` and `reader_stats(rows)`:
   chain    World A (`chain_world.ChainWorld`): chained ATR items read by the trace
            oracles and by readers trained here;
-  smollm2  World B (`text.SmolLM2World`): SmolLM2-135M-Instruct with few-shot
+  smollm2  World B (`smollm2_world.SmolLM2World`): SmolLM2-135M-Instruct with few-shot
            "Step i:" traces on arithmetic and factual questions.
 """
 from __future__ import annotations
@@ -34,5 +34,5 @@ def make_world(config):
   if config.world == 'chain':
     from ceu_jax.audits.traces.chain_world import ChainWorld
     return ChainWorld(config)
-  from ceu_jax.audits.traces.text import SmolLM2World
+  from ceu_jax.audits.traces.smollm2_world import SmolLM2World
   return SmolLM2World(config)
