@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ceu_jax.audits.traces.audit import BREAKDOWNS, CI_SEED, EDIT_TAUS, IDENTITY, TAU_SIM
-from ceu_jax.metrics.resampling import bootstrap
+from ceu_jax.metrics.resampling import bootstrap, fmt_ci
 
 
 def _ratio(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -137,10 +137,8 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
 
 
 def fmt(a: dict) -> str:
-  """'0.123 [0.100, 0.150]' of an Aggregate dict, '—' when empty."""
-  if not a or a.get('value') is None:
-    return '—'
-  return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+  """'0.123 [0.100, 0.150]' of an Aggregate dict, '—' when empty (`fmt_ci`)."""
+  return fmt_ci(a or None)
 
 
 def fmt_n(a: dict) -> str:
