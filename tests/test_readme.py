@@ -1,0 +1,38 @@
+"""The README's Python example runs as printed (the block under "Use it from Python")."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_readme_python_example_runs():
+  text = open(os.path.join(ROOT, "README.md")).read()
+  section = text.split("## Use it from Python", 1)[1]
+  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
+                       timeout=600, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "'value':" in out.stdout and "'n':" in out.stdout
+
+
+def test_readme_links_to_files_that_exist():
+  text = open(os.path.join(ROOT, "README.md")).read()
+  for link in re.findall(r"\]\(((?:docs|configs|ceu_jax)/[^)#]*)\)", text):
+    assert os.path.exists(os.path.join(ROOT, link)), link
+
+
+def test_docs_pages_link_to_files_that_exist():
+  docs = os.path.join(ROOT, "docs")
+  for name in sorted(os.listdir(docs)):
+    if not name.endswith(".md"):
+      continue
+    text = open(os.path.join(docs, name)).read()
+    for link in re.findall(r"\]\(([\w./-]+)\)", text):
+      if link.startswith(("http", "mailto")):
+        continue
+      assert os.path.exists(os.path.normpath(os.path.join(docs, link))), (name, link)
