@@ -161,6 +161,26 @@ def across(name: str, statement: str, claims: Sequence[Claim]) -> Claim:
                "every part supported")
 
 
+def of_run(name: str, statement: str, agg: "Aggregate | dict | None", sign: int, *,
+           against: float = 0.0, label: str = "") -> Claim:
+  """A claim decided from one run's estimate and its 95% CI (a companion audit's
+  headline): `RULE` with one seed, on value − `against` (e.g. a rate against 0.5)."""
+  if agg is None:
+    agg = Aggregate(None, None, None, 0)
+  elif isinstance(agg, dict):
+    agg = Aggregate(agg.get("value"), agg.get("ci_low"), agg.get("ci_high"), int(agg.get("n") or 0))
+  shifted = (agg if agg.value is None or not against else
+             Aggregate(agg.value - against, None if agg.ci_low is None else agg.ci_low - against,
+                       None if agg.ci_high is None else agg.ci_high - against, agg.n))
+  d = Difference(label or name, (SeedDifference("run", shifted),))
+  verdict = direction(d, sign)
+  rel = "<" if sign < 0 else ">"
+  numbers = f"{label + ' ' if label else ''}{_ci(agg, 3)} (predicted {rel} {against:g}) → {verdict}"
+  return Claim(name, statement, verdict, numbers,
+               f"one run: supported if the 95% CI lies {'below' if sign < 0 else 'above'} "
+               f"{against:g}, opposite if it lies on the other side, else not supported")
+
+
 def table(claims: Sequence[Claim]) -> str:
   """Markdown: claim | statement | verdict | numbers (the rule once, below)."""
   lines = ["| claim | statement | verdict | numbers |", "|---|---|---|---|"]

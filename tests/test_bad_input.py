@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -11,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("bad_input", os.path.join(ROOT, "scripts",
                                                                          "bad_input.py"))
 bad_input = importlib.util.module_from_spec(_spec)
+sys.modules["bad_input"] = bad_input      # dataclasses look their module up there
 _spec.loader.exec_module(bad_input)
 
 

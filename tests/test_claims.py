@@ -140,3 +140,17 @@ def test_h1_not_supported_when_the_evidence_is_used():
     x["ceu_ev"] = np.full(len(x["ceu_ev"]), 0.95)
   v = _verdicts(paired.h1_claims("W", results, num_resamples=100, load=lambda w, c: ex[c]))
   assert v["H1 attention"] == claims.NOT_SUPPORTED
+
+
+def test_of_run_decides_one_run_by_its_ci():
+  sup = claims.of_run("r", "x below 0", dict(value=-0.2, ci_low=-0.3, ci_high=-0.1, n=40), -1)
+  opp = claims.of_run("r", "x below 0", dict(value=0.2, ci_low=0.1, ci_high=0.3, n=40), -1)
+  wide = claims.of_run("r", "x below 0", dict(value=-0.1, ci_low=-0.3, ci_high=0.1, n=40), -1)
+  none = claims.of_run("r", "x below 0", None, -1)
+  assert [c.verdict for c in (sup, opp, wide, none)] == [
+      claims.SUPPORTED, claims.OPPOSITE, claims.NOT_SUPPORTED, claims.UNTESTED]
+  # against a threshold: a rate of 0.7 [0.6, 0.8] is above 0.5, 0.55 [0.45, 0.65] is not
+  assert claims.of_run("r", "", dict(value=0.7, ci_low=0.6, ci_high=0.8, n=9), 1,
+                       against=0.5).verdict == claims.SUPPORTED
+  assert claims.of_run("r", "", dict(value=0.55, ci_low=0.45, ci_high=0.65, n=9), 1,
+                       against=0.5).verdict == claims.NOT_SUPPORTED

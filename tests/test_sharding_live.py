@@ -31,7 +31,8 @@ PROBE = textwrap.dedent('''
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     import architectures
-    from ceu_jax import sharding as sharding_lib, state as state_lib, task as task_lib
+    from ceu_jax import sharding as sharding_lib
+    from ceu_jax.train import state as state_lib, task as task_lib
     sys.path.insert(0, sys.argv[1])
     import tiny_train_config
 

@@ -177,8 +177,8 @@ def test_no_checkpoint_but_an_earlier_run_is_refused_unless_fresh(attention_run,
   with pytest.raises(wd.EarlierRunError, match="status.json says the run completed at step 4"):
     train_and_evaluate(config, workdir)
   assert sorted(os.listdir(workdir)) == sorted(
-      [".train.lock", "checkpoints", "config.json", "metrics.jsonl", "provenance.json",
-       "status.json", "tensorboard"])
+      [".train.lock", "config.json", "metrics.jsonl", "provenance.json", "status.json",
+       "tensorboard"])      # refused before Orbax makes an empty checkpoints/
   out = train_and_evaluate(config, workdir, fresh=True)
   assert out["step"] == 4 and wd.checkpoint_steps(workdir) == [2, 4]
   previous = os.path.join(workdir, "previous")

@@ -21,13 +21,14 @@ W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io as _io
 import json
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ceu_jax import jobs
+from ceu_jax import claims, jobs
 from ceu_jax.audits.answer_presence import audit as ap
 from ceu_jax.audits.answer_presence import plots
 from ceu_jax.audits.answer_presence import report
@@ -149,6 +150,18 @@ def run_answer_presence(config, workdir: str, log: Callable[[str], None] = print
   return jobs.run_job(AnswerPresenceJob(config), workdir, log=log)
 
 
+def headline_claims(summary: dict) -> list:
+  """001's headline per reader and rewritten baseline, decided by rule: removing the gold
+  answer string costs more F1 than a placebo edit of the same size (Δcausal < 0)."""
+  out = []
+  for name, r in summary['readers'].items():
+    for b, cell in r['cells'].items():
+      out.append(claims.of_run(f'{name} / {b}', 'removing the answer string costs more than a '
+                               'placebo edit (Δcausal < 0, 1→1 items)', cell['delta_causal'], -1,
+                               label='Δcausal'))
+  return out
+
+
 def _summarise(config, world, parts: dict) -> dict:
   first = parts[world.readers[0]]
   summary = dict(world=config.world, config=config.to_dict(), n_records=world.n_records,
@@ -157,7 +170,9 @@ def _summarise(config, world, parts: dict) -> dict:
                                                   config.bootstrap_seed)
                           for name in world.readers})
   summary.update(world.extra_summary(first))
-  return json.loads(json.dumps(summary))
+  summary = json.loads(json.dumps(summary))
+  summary['claims'] = [dataclasses.asdict(c) for c in headline_claims(summary)]
+  return summary
 
 
 def _write_outputs(config, ctx: jobs.JobContext, world, parts: dict, summary: dict) -> None:
@@ -172,6 +187,7 @@ def _write_outputs(config, ctx: jobs.JobContext, world, parts: dict, summary: di
   ctx.write_text('scores.csv', _csv(SCORE_COLUMNS, scores))
   rd = summary['readers']
   md = [f'# Answer-presence audit ({world.title})', '', world.describe(summary), '',
+        '## Headline, decided by rule', '', claims.table(headline_claims(summary)), '',
         '## Buckets per baseline', '', report.buckets_table(summary['baselines'],
                                                             world.companion_name), '',
         '## Reader score per baseline (token F1 × 100)', '',
