@@ -58,14 +58,14 @@ def reference_rate(cfg: ATRConfig, examples: int) -> float:
   return examples / (time.perf_counter() - start)
 
 
-def main() -> None:
+def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--n", type=int, default=512, help="context length")
   parser.add_argument("--batch_size", type=int, default=4096, help="JAX batch size")
   parser.add_argument("--jax_batches", type=int, default=20, help="timed JAX batches")
   parser.add_argument("--reference_examples", type=int, default=2000,
                       help="examples timed for the pure-Python reference")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   cfg = bench_config(args.n)
   device = jax.devices()[0]
   ref = reference_rate(cfg, args.reference_examples)

@@ -62,15 +62,17 @@ def build_batch(tok, batch: int):
   return bp, bm, probes, bp.tokens.shape[1]
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--batch', type=int, default=2, help='examples per batch (B)')
   ap.add_argument('--repeats', type=int, default=1, help='timed repetitions of each method')
-  args = ap.parse_args()
+  ap.add_argument('--n_layers', type=int, default=None,
+                  help='keep only the first N layers (a smoke run; the TARGET is for all 30)')
+  args = ap.parse_args(argv)
 
   from ceu_jax.pretrained import (engine_inputs, fast_patch_audit, load_smollm2, load_tokenizer,
                                   read_port_sites, reference_audit)
-  config, variables = load_smollm2()
+  config, variables = load_smollm2(n_layers=args.n_layers)
   tok = load_tokenizer()
   bp, bm, probes, t = build_batch(tok, args.batch)
   sites = read_port_sites(config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -100,10 +101,11 @@ def result(case: Case, proc: subprocess.Popen, tmp: str) -> dict:
   """{returncode, lines (stderr without log lines), expected (with {W} filled), workdir}."""
   _, err = proc.communicate(timeout=600)
   w = os.path.join(tmp, "w")
-  return dict(returncode=proc.returncode,
-              lines=[l for l in err.splitlines() if l.strip() and not LOG_LINE.match(l)],
-              expected=case.expect.replace("{W}", w),
-              workdir=os.path.exists(w), tmp=tmp)
+  out = dict(returncode=proc.returncode,
+             lines=[l for l in err.splitlines() if l.strip() and not LOG_LINE.match(l)],
+             expected=case.expect.replace("{W}", w), workdir=os.path.exists(w), tmp=tmp)
+  shutil.rmtree(tmp, ignore_errors=True)      # the case's folder: checked, then removed
+  return out
 
 
 def run_all(cases=CASES) -> list[dict]:

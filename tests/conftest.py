@@ -1,13 +1,43 @@
-"""Shared fixtures: memoised ATR-insert batches as numpy (compiled once per worker)."""
+"""Shared fixtures: memoised ATR-insert batches as numpy (compiled once per worker); one
+persistent compilation cache per test session; modules sent longest first."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import json
+import os
+import shutil
+import tempfile
 from typing import Callable, Iterator
 
-import jax
-import numpy as np
-import pytest
+
+def _session_compilation_cache() -> str:
+  """One JAX persistent compilation cache for the whole test session: both xdist workers
+  and every subprocess a test starts (the environment is inherited) reuse the programs
+  any of them compiled. Made by the controller before the workers start; a fresh
+  directory per session (nothing carries over between runs); a cache a user set is kept."""
+  global _MADE_CACHE
+  path = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  if not path:
+    path = _MADE_CACHE = tempfile.mkdtemp(prefix="ceu_jax_test_jit_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", str(CACHE_MIN_COMPILE_S))
+  return path
+
+
+CACHE_MIN_COMPILE_S = 0.1   # programs that compile faster are not worth a disk round trip
+_MADE_CACHE = None          # the directory this process made (removed at the session's end)
+SESSION_CACHE = _session_compilation_cache()
+
+import jax  # noqa: E402  (after the cache's environment: jax reads it at import)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+# In case a plugin imported jax before this file: the same settings through jax.config.
+jax.config.update("jax_compilation_cache_dir", SESSION_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 from ceu_jax.data import atr, corruptions
 from ceu_jax.data.atr_config import ATRConfig
@@ -120,31 +150,55 @@ def _pad_to(batch: RetrievalBatch, size: int) -> RetrievalBatch:
   return jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[-1:], size - rows, 0)]), batch)
 
 
-# Seconds per module in a full run (2 workers on a shared, loaded 2-core machine; only the
-# order matters). With `--dist loadfile` (pyproject addopts) a module runs on one worker, so
-# its module fixtures are computed once; modules are sent longest first, so that no long
-# module starts last while the other worker idles. Unlisted modules (seconds each) keep
-# their collection order, after these.
-MODULE_SECONDS = {
-    "test_sharding_live.py": 200, "test_smollm2_cer_train.py": 170, "test_train_resume.py": 160,
-    "test_multiprocess.py": 140, "test_ssm_closed_form.py": 140, "test_sharded_audit.py": 135,
-    "test_decode.py": 130, "test_mediator_job.py": 125, "test_architectures.py": 105,
-    "test_smollm2_cer.py": 95, "test_losses_cer.py": 95, "test_grid_e2e.py": 90,
-    "test_audit_job.py": 90, "test_pretrained.py": 90, "test_bounds.py": 80,
-    "test_answer_presence_job.py": 80, "test_engine_api.py": 70, "test_train_sharding.py": 70,
-    "test_audit_bench.py": 70, "test_factqa_train.py": 65, "test_architectures_training.py": 60,
-    "test_trace_job.py": 60, "test_train_provenance.py": 60, "test_trace_text.py": 55, "test_trace_identity.py": 120,
-    "test_architectures_shared.py": 50, "test_engine_ports.py": 45, "test_readers.py": 40,
-    "test_memory_blocked.py": 35, "test_chain_task.py": 30, "test_scale_bench.py": 25,
-    "test_corruptions_surface.py": 20, "test_corruptions_properties.py": 20,
-    "test_engine_chunk_bench.py": 20, "test_grid_hosts.py": 20, "test_engine_identities.py": 20,
-    "test_factqa.py": 20, "test_answer_presence_atr.py": 20, "test_atr_stream.py": 15,
-    "test_pretrained_audit.py": 15, "test_atr_prior.py": 15, "test_atr_properties.py": 15,
-    "test_cli_configs.py": 15, "test_engine_grad.py": 10, "test_grid_driver.py": 10, "test_accelerator_check.py": 90, "test_bad_input.py": 60, "test_reader_eval_job.py": 30, "test_jobs.py": 15,
-}
+# The order of modules: longest first, from tests/module_seconds.json (seconds per module
+# of the last full run, written by pytest itself: `pytest -n 2 --write-module-seconds`).
+# With `--dist loadfile` (pyproject addopts) a module runs on one worker, so its module
+# fixtures are computed once; sending the longest first keeps a long module from starting
+# last while the other worker idles. Unlisted modules keep their collection order, last.
+MODULE_SECONDS_FILE = os.path.join(os.path.dirname(__file__), "module_seconds.json")
+
+
+def _module_seconds() -> dict:
+  try:
+    with open(MODULE_SECONDS_FILE) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return {}
+
+
+def pytest_addoption(parser):
+  parser.addoption("--write-module-seconds", action="store_true",
+                   help="write each module's measured seconds (setup + call + teardown of "
+                        "its tests) to tests/module_seconds.json (the order of the next runs)")
 
 
 def pytest_collection_modifyitems(session, config, items):
   """Longest modules first (stable: the order within a module is kept)."""
   del session, config
-  items.sort(key=lambda item: -MODULE_SECONDS.get(item.nodeid.split("::")[0].split("/")[-1], 0))
+  seconds = _module_seconds()
+  items.sort(key=lambda item: -seconds.get(_module(item.nodeid), 0))
+
+
+def _module(nodeid: str) -> str:
+  return nodeid.split("::")[0].split("/")[-1]
+
+
+_measured: dict = collections.defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+  _measured[_module(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+  del exitstatus
+  if _MADE_CACHE:
+    shutil.rmtree(_MADE_CACHE, ignore_errors=True)
+  if (session.config.getoption("--write-module-seconds") and _measured
+      and not os.environ.get("PYTEST_XDIST_WORKER")):
+    data = {k: round(v, 1) for k, v in sorted(_measured.items(), key=lambda kv: -kv[1])}
+    tmp = MODULE_SECONDS_FILE + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(data, f, indent=0)
+      f.write("\n")
+    os.replace(tmp, MODULE_SECONDS_FILE)

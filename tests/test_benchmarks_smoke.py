@@ -1,0 +1,59 @@
+"""Every benchmark runs in CI (issue #37, item 6): each script in a smoke mode — tiny
+shapes, one round, most XLA optimisations off — must exit 0 and end with well-formed
+`TARGET <name> <measured> <op> <goal> PASS|MISS` lines, so that a refactor cannot break a
+benchmark silently. The numbers of a smoke run mean nothing (a MISS is fine here).
+
+Covered elsewhere: train_bench, audit_bench --quick, decode_bench and one main-job cell
+(tests/test_accelerator_check.py, its tiny run); engine_chunk_bench
+(tests/test_engine_chunk_bench.py); audit_bench's main (tests/test_audit_bench.py).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = re.compile(r"^TARGET [\w.\-]+ [+\-]?\d+(\.\d+)?(e[+\-]?\d+)? (<=|>=) \d+(\.\d+)? (PASS|MISS)$")
+
+SMOKE = {   # benchmark -> the smoke run's arguments
+    "data_bench": ["--n", "64", "--batch_size", "64", "--jax_batches", "1",
+                   "--reference_examples", "16"],
+    "arch_bench": ["--preset", "p100k", "--batch", "1", "--reps", "1", "--lengths", "16,32",
+                   "--passage_len", "8"],
+    # one family: the compiled CER-step costs are the expensive part (tests/test_scale_bench.py
+    # checks the cost accounting of every family on stubbed and small inputs)
+    "scale_bench": ["--presets", "p100k", "--families", "memory_port", "--lengths", "64",
+                    "--matmul", "64", "--time_batch", "1", "--reps", "1", "--no_grid",
+                    "--compare_scan_impl", "", "--time_scan_impls", ""],
+    "pretrained_audit_bench": ["--batch", "1", "--n_layers", "2"],
+}
+
+
+def _why_not(name: str) -> str | None:
+  """Why the benchmark cannot run here (SmolLM2's weights missing), or None."""
+  if name != "pretrained_audit_bench":
+    return None
+  from ceu_jax.pretrained import gguf_loader  # pylint: disable=g-import-not-at-top
+  return gguf_loader.is_available()
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_benchmark_smoke_run_ends_with_target_lines(name):
+  why = _why_not(name)
+  if why:
+    pytest.skip(why)
+  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", JAX_PLATFORMS="cpu",
+             PYTHONPATH=ROOT)
+  p = subprocess.run([sys.executable, os.path.join("benchmarks", f"{name}.py"), *SMOKE[name]],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                     check=False)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+  lines = p.stdout.strip().splitlines()
+  targets = [l for l in lines if l.startswith("TARGET ")]
+  assert targets, p.stdout[-2000:]
+  assert all(TARGET.match(l) for l in targets), targets
+  assert lines[-len(targets):] == targets      # the TARGET lines end the output
