@@ -207,3 +207,48 @@ def test_equivalence_band_is_a_rule_that_can_fail():
   answer, evidence = se.hypothesis_claims('r', [], [])
   assert answer.verdict == evidence.verdict == claims.UNTESTED
 
+
+# ---------------------------------------------------------------- the job (:tiny, oracle readers)
+def test_job_tiny_separate_with_oracle_readers(tmp_path, monkeypatch):
+  """`:tiny,world=atr_separate` end to end in seconds: the two families' readers replaced by
+  the two oracles (attention → copies the gold string, ssm → reads the binding)."""
+  import csv
+  import os
+  from ceu_jax.audits.answer_presence import job
+  from configs import answer_presence as cfg
+  c = cfg.get_config('tiny,world=atr_separate,n_records=200')
+  c.atr.families = ('attention', 'ssm')
+  c.chunk_size = 100
+  c.plots = False
+  built = []
+
+  def build(self, family):
+    built.append(family)
+    return _copy(self.raw) if family == 'attention' else BindingOracle(cfg=self.data_cfg)
+  monkeypatch.setattr(se.SeparateWorld, '_build_reader', build)
+  s = job.run_answer_presence(c, str(tmp_path), log=lambda m: None)
+  assert sorted(built) == ['attention', 'ssm'] and s['world'] == 'atr_separate'
+  assert set(s['baselines']) == set(se.BASELINES)
+  b = s['baselines']
+  # present() cannot tell Bev from Bval; the evidence-line companion can
+  assert b['Bev']['buckets'] == b['Bval']['buckets']
+  assert b['Bval']['buckets_companion']['0→1'] == 0 < b['Bev']['buckets_companion']['0→1']
+  verdicts = {x['name']: x['verdict'] for x in s['claims']}
+  assert verdicts['attention: gain = answer string'] == claims.SUPPORTED
+  assert verdicts['attention: gain = better evidence'] == claims.NOT_SUPPORTED
+  assert verdicts['ssm: gain = answer string'] == claims.NOT_SUPPORTED
+  assert verdicts['ssm: gain = better evidence'] == claims.SUPPORTED
+  sep = s['readers']['ssm']['separation']
+  # surfaced = the compiles without the evidence line: raw lacked it (0→0) or B2 dropped it (1→0)
+  c2 = b['B2']['buckets_companion']
+  assert c2['0→1'] == 0 and sep['n_surfaced'] == c2['0→0'] + c2['1→0'] > 20
+  assert b['Bev']['buckets_companion']['0→1'] == c2['0→0']
+  assert _exact(sep['surfaced']['Bev − Bval'], 100.0) and _exact(sep['edits']['Δunbind'], -100.0)
+  for r in s['readers'].values():
+    assert all(cell['identity_max_abs'] == 0.0 for cell in r['cells'].values())
+  report = open(os.path.join(tmp_path, 'report.md')).read()
+  for head in ('Answer string vs evidence', 'Removing the binding vs removing the VALUE',
+               'gold span only', 'ssm: gain = better evidence'):
+    assert head in report
+  scores = list(csv.DictReader(open(os.path.join(tmp_path, 'scores.csv'))))
+  assert {x['baseline'] for x in scores} == set(se.BASELINES)
