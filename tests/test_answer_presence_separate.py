@@ -188,24 +188,34 @@ def test_binding_reader_shows_the_evidence_pattern(world):
                       'binding: gain = better evidence': claims.SUPPORTED}
 
 
-def test_equivalence_band_is_a_rule_that_can_fail():
-  rng = np.random.default_rng(0)
-  n = 400
-  b2 = np.zeros(n)
-  bev = np.full(n, 100.0)
-  # the bare value recovers 70% of the evidence line's gain: not "as much as"
-  bval = np.where(rng.random(n) < 0.7, 100.0, 0.0)
-  sur = [dict(B2=a, Bev=b, Bval=c) for a, b, c in zip(b2, bev, bval)]
-  edits = [dict(orig=100.0, unbind=100.0, unbind_placebo=100.0, remove=0.0)] * n
-  answer, evidence = se.hypothesis_claims('r', sur, edits)
-  assert answer.verdict == claims.NOT_SUPPORTED and 'Bev ≈ Bval' in answer.numbers
-  assert evidence.verdict == claims.NOT_SUPPORTED  # unbinding costs nothing
-  bval = np.where(rng.random(n) < 0.97, 100.0, 0.0)  # within the band
-  sur = [dict(B2=a, Bev=b, Bval=c) for a, b, c in zip(b2, bev, bval)]
-  answer, _ = se.hypothesis_claims('r', sur, edits)
-  assert answer.verdict == claims.SUPPORTED
-  answer, evidence = se.hypothesis_claims('r', [], [])
-  assert answer.verdict == evidence.verdict == claims.UNTESTED
+def _claims_of(frac_val, frac_unbind, n=400, seed=0):
+  """Synthetic reader: the evidence line always answers (B2 never), the bare value with
+  probability frac_val; unbinding loses the answer with probability frac_unbind."""
+  rng = np.random.default_rng(seed)
+  sur = [dict(B2=0.0, Bev=100.0, Bval=100.0 * (u < frac_val)) for u in rng.random(n)]
+  edits = [dict(orig=100.0, unbind=100.0 * (u >= frac_unbind), unbind_placebo=100.0, remove=0.0)
+           for u in rng.random(n)]
+  return {c.name.split(': ')[1]: c for c in se.hypothesis_claims('r', sur, edits)}
+
+
+@pytest.mark.parametrize('frac_val,frac_unbind,answer,evidence', [
+    (0.97, 0.03, claims.SUPPORTED, claims.NOT_SUPPORTED),   # inside the band, though CI ≠ 0
+    (1.00, 0.00, claims.SUPPORTED, claims.NOT_SUPPORTED),
+    (0.05, 0.95, claims.NOT_SUPPORTED, claims.SUPPORTED),
+    (0.60, 0.40, claims.NOT_SUPPORTED, claims.SUPPORTED),  # 40% of the gain needs the binding
+    (0.75, 0.25, claims.NOT_SUPPORTED, claims.NOT_SUPPORTED),  # CIs straddle the band: neither
+    (0.97, 0.95, claims.NOT_SUPPORTED, claims.NOT_SUPPORTED),  # the two contrasts disagree
+])
+def test_band_rule_decides_at_most_one_hypothesis(frac_val, frac_unbind, answer, evidence):
+  c = _claims_of(frac_val, frac_unbind)
+  assert (c['gain = answer string'].verdict, c['gain = better evidence'].verdict) == (
+      answer, evidence)
+  assert 'inside the band' in c['gain = answer string'].numbers
+
+
+def test_band_rule_without_items_is_untested():
+  a, e = se.hypothesis_claims('r', [], [])
+  assert a.verdict == e.verdict == claims.UNTESTED
 
 
 # ---------------------------------------------------------------- the job (:tiny, oracle readers)

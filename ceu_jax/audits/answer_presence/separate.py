@@ -31,7 +31,8 @@ Predictions (module doc of the job's report; docs/answer_presence.md):
   F1(unbind_placebo) ≈ 0) while removing the VALUE costs;
   "the gain is better evidence": Bev beats Bval and unbinding costs.
 `hypothesis_claims` decides both by rule (ceu_jax.claims, paired bootstrap CIs
-over the shared records; "≈ 0" = an equivalence band, EQUIV_REL below).
+over the shared records, a band of EQUIV_REL × the reference effect: "≈ 0" = the CI
+inside it, "clearly" = the CI beyond it; at most one of the two is supported).
 
 The sentinel panel keeps atr_world's regions (the gold widened to 3 tokens inside
 its line: it also deletes the 2 tokens before the gold, "k VALUE" or "#q IS");
@@ -50,7 +51,7 @@ from ceu_jax.audits.answer_presence import audit as ap
 
 BASELINES = ('B1', 'B2', 'Bev', 'Bval')
 SURFACE = {'Bev': 'evidence', 'Bval': 'value'}
-EQUIV_REL = 0.25  # "≈ 0": the paired 95% CI lies within ± this share of the reference effect
+EQUIV_REL = 0.25  # the band: ± this share of the reference effect (hypothesis_claims)
 SPAN_SENTINELS = ('[MASK]', '[REMOVED]', 'word', 'symbol')  # the panel's one-token sentinels
 
 
@@ -176,20 +177,44 @@ def _col(rows, key) -> np.ndarray:
   return np.asarray([x[key] for x in rows], np.float64)
 
 
-def _equivalent(label: str, d: claims.Difference, ref: float) -> tuple[str, bool | None, str]:
+def _band(d: claims.Difference, ref: float) -> tuple:
+  """(the paired CI of d, the band ± EQUIV_REL × |ref|, its text) or None without items."""
   a = d.per_seed[0].diff
   if a.value is None:
-    return (label, None, 'no paired items')
+    return None
   band = EQUIV_REL * abs(ref)
-  held = bool(-band <= a.ci_low and a.ci_high <= band)
-  return (label, held, f'{ap.fmt(a)} within ±{band:.2f} (= {EQUIV_REL:g} × {abs(ref):.2f})')
+  return a, band, f'{ap.fmt(a)} vs ±{band:.2f} (= {EQUIV_REL:g} × {abs(ref):.2f})'
+
+
+def _within(label: str, d: claims.Difference, ref: float) -> tuple[str, bool | None, str]:
+  """'≈ 0': the paired 95% CI lies inside the band."""
+  b = _band(d, ref)
+  if b is None:
+    return (label, None, 'no paired items')
+  a, band, text = b
+  return (label, bool(-band <= a.ci_low and a.ci_high <= band), text)
+
+
+def _beyond(label: str, d: claims.Difference, ref: float, sign: int) -> tuple[str, bool | None, str]:
+  """'clearly nonzero': the paired 95% CI lies beyond the band on the predicted side."""
+  b = _band(d, ref)
+  if b is None:
+    return (label, None, 'no paired items')
+  a, band, text = b
+  return (label, bool(a.ci_low > band if sign > 0 else a.ci_high < -band), text)
 
 
 def hypothesis_claims(name: str, sur: Sequence[dict], edits: Sequence[dict], *,
                       seed: int = ap.CI_SEED) -> list[claims.Claim]:
-  """001's two explanations of the rewriting gain, each decided by rule on one reader."""
+  """001's two explanations of the rewriting gain, each decided by rule on one reader.
+
+  The band is EQUIV_REL × the reference effect (the evidence line's gain for Bev − Bval,
+  the cost of removing the VALUE for unbind − placebo): 'answer string' needs both CIs
+  inside it, 'better evidence' both beyond it on the predicted side, so at most one of
+  the two is supported; a CI that straddles the band's edge supports neither.
+  """
   b2, bev, bval = (_col(sur, k) for k in ('B2', 'Bev', 'Bval'))
-  orig, unb, pla, rem = (_col(edits, k) for k in ('orig', 'unbind', 'unbind_placebo', 'remove'))
+  unb, pla, rem = (_col(edits, k) for k in ('unbind', 'unbind_placebo', 'remove'))
   gain_val = claims.paired('F1(Bval) − F1(B2)', [('run', bval, b2)], seed=seed)
   gain_ev = claims.paired('F1(Bev) − F1(B2)', [('run', bev, b2)], seed=seed)
   ev_val = claims.paired('F1(Bev) − F1(Bval)', [('run', bev, bval)], seed=seed)
@@ -201,14 +226,16 @@ def hypothesis_claims(name: str, sur: Sequence[dict], edits: Sequence[dict], *,
       'the bare gold helps as much as the evidence line, and removing the binding costs '
       'nothing while removing the VALUE costs',
       [('bare value helps', gain_val, +1), ('removing the VALUE costs', remove_cost, -1)],
-      [_equivalent('Bev ≈ Bval', ev_val, ref_ev),
-       _equivalent('unbind ≈ placebo', unbind_cost, ref_rem)])
+      [_within('Bev − Bval inside the band', ev_val, ref_ev),
+       _within('unbind − placebo inside the band', unbind_cost, ref_rem)])
   evidence = claims.combine(
       f'{name}: gain = better evidence',
-      'the evidence line helps more than the bare gold, and removing the binding costs',
-      [('evidence line beats bare value', ev_val, +1), ('removing the binding costs',
-                                                        unbind_cost, -1)])
-  del orig
+      'the evidence line helps clearly more than the bare gold, and removing the binding '
+      'clearly costs',
+      [('evidence line beats bare value', ev_val, +1),
+       ('removing the binding costs', unbind_cost, -1)],
+      [_beyond('Bev − Bval above the band', ev_val, ref_ev, +1),
+       _beyond('unbind − placebo below the band', unbind_cost, ref_rem, -1)])
   return [answer, evidence]
 
 
