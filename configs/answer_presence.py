@@ -4,13 +4,17 @@ World A — ATR-insert, exact ground truth: the three families trained as in the
 smoke grid (trained here, in W/train/<family>, unless done), the smoke world
 with η = 0.2 as raw context, line-filter rewriters B2/B3/B4:
   python -m experiments.answer_presence --config configs/answer_presence.py --workdir runs/answer_presence_atr
+World A with the answer string and the evidence apart (the same data and readers; rewriters
+Bev / Bval that surface the evidence line / the bare gold VALUE, the unbind edit; separate.py):
+  python -m experiments.answer_presence --config configs/answer_presence.py:full,world=atr_separate --workdir runs/answer_presence_atr_separate
 World B — SmolLM2-135M-Instruct on Natural Questions and SQuAD items:
   python -m experiments.answer_presence --config configs/answer_presence.py:full,world=factqa --workdir runs/answer_presence_factqa
 Oracle readers on generated text records (exact known answers):
   python -m experiments.answer_presence --config configs/answer_presence.py:full,world=generated --workdir /tmp/ap_gen
 Tiny (the CI tests run these): `:tiny` (World A: attention only, 10 training
 steps, 64 records), `:tiny,world=factqa` (2 of SmolLM2's 30 layers, 4 items),
-`:tiny,world=generated`. Arguments after the variant: world, reader
+`:tiny,world=generated`, `:tiny,world=atr_separate` (as `:tiny`; its test swaps in
+oracle readers). Arguments after the variant: world, reader
 (generated world: copy | closed_book), n_records, steps (World A training steps).
 Wall times are in the README.
 """
@@ -21,7 +25,7 @@ import ml_collections
 from configs import common
 
 VARIANTS = ('tiny', 'full')
-WORLDS = ('atr', 'factqa', 'generated')
+WORLDS = ('atr', 'atr_separate', 'factqa', 'generated')
 
 
 def _train_config(tiny: bool, steps):
@@ -52,14 +56,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   tiny = a.variant == 'tiny'
   world = a.world or 'atr'
+  separate = world == 'atr_separate'
   c = ml_collections.ConfigDict()
   c.variant = a.variant                # tiny | full
-  c.world = world                      # atr (World A) | factqa (World B) | generated (oracles)
+  c.world = world                      # atr (World A) | atr_separate (World A with answer string
+                                       # and evidence apart) | factqa (World B) | generated (oracles)
   c.reader = a.reader                  # generated world only: copy (uses its evidence) | closed_book
-  default_n = {'atr': (64, 2000), 'factqa': (4, 200), 'generated': (200, 2000)}[world]
+  default_n = {'atr': (64, 2000), 'atr_separate': (64, 2000), 'factqa': (4, 200), 'generated': (200, 2000)}[world]
   c.n_records = a.n_records or default_n[int(not tiny)]  # records (World B: items over all sources)
   c.seed = 0                           # record / item selection seed
-  c.chunk_size = {'atr': 500, 'factqa': 2 if tiny else 20, 'generated': 50 if tiny else 250}[world]
+  c.chunk_size = {'atr': 500, 'atr_separate': 500, 'factqa': 2 if tiny else 20, 'generated': 50 if tiny else 250}[world]
   c.plots = True                       # write effects.png/pdf and panel.png/pdf
   c.bootstrap_seed = 42                # percentile bootstrap seed (SPEC §8)
 
@@ -68,7 +74,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   x.train = _train_config(tiny, a.steps)  # training config of every family (smoke baseline cell)
   x.eta = 0.2                          # raw-context miss rate η (the evidence line is absent)
   x.p_drop = 0.2                       # rewriter drops the evidence line (→ 1→0 bucket)
-  x.p_surface = 0.5                    # rewriter surfaces the gold line on missed examples (→ 0→1)
+  x.p_surface = 1.0 if separate else 0.5  # rewriter surfaces the gold line on missed examples (→ 0→1;
+                                       # atr_separate: Bev / Bval surface on compiles without it)
   x.rewriter_seed = 7                  # seed of the rewriters' draws (with the rewriter and id)
   x.loglik = True                      # gold log-likelihood change beside F1 (= EM here)
   x.batch_size = 256                   # reader rows per forward

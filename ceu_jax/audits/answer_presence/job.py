@@ -5,6 +5,8 @@
 Worlds (config.world; configs/answer_presence.py documents every field):
   atr        World A: ATR-insert raw contexts, line-filter rewriters B2-B4, the
              three families trained as in the smoke grid (ceu_jax.audits.trained);
+  atr_separate  World A plus rewriters / edits that pull the answer string and the
+             evidence apart (separate.py: Bev, Bval, unbind);
   factqa     World B: NQ / SQuAD items, rewriters A / B (SmolLM2) / B4 and a
              question-blind control, SmolLM2 as the reader;
   generated  seeded text records with oracle readers (exact known answers).
@@ -166,12 +168,14 @@ def _summarise(config, world, parts: dict) -> dict:
   first = parts[world.readers[0]]
   summary = dict(world=config.world, config=config.to_dict(), n_records=world.n_records,
                  baselines=_baselines_section(first, world.baselines),
-                 readers={name: _summarise_reader(parts[name], world.baselines,
-                                                  config.bootstrap_seed)
+                 readers={name: dict(_summarise_reader(parts[name], world.baselines,
+                                                       config.bootstrap_seed),
+                                     **world.reader_summary(name, parts[name]))
                           for name in world.readers})
   summary.update(world.extra_summary(first))
   summary = json.loads(json.dumps(summary))
-  summary['claims'] = [dataclasses.asdict(c) for c in headline_claims(summary)]
+  summary['claims'] = [dataclasses.asdict(c) for c in headline_claims(summary)
+                       + world.extra_claims(summary)]
   return summary
 
 
@@ -187,7 +191,8 @@ def _write_outputs(config, ctx: jobs.JobContext, world, parts: dict, summary: di
   ctx.write_text('scores.csv', _csv(SCORE_COLUMNS, scores))
   rd = summary['readers']
   md = [f'# Answer-presence audit ({world.title})', '', world.describe(summary), '',
-        '## Headline, decided by rule', '', claims.table(headline_claims(summary)), '',
+        '## Headline, decided by rule', '',
+        claims.table(headline_claims(summary) + world.extra_claims(summary)), '',
         '## Buckets per baseline', '', report.buckets_table(summary['baselines'],
                                                             world.companion_name), '',
         '## Reader score per baseline (token F1 × 100)', '',

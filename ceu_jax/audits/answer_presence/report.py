@@ -136,3 +136,44 @@ def cell_table(cell: Mapping) -> str:
                  f"{e['f1']['value']:.2f} | {fmt(e['delta'])} |"
                  + (f" {fmt(e.get('dll'))} |" if ll else ''))
   return '\n'.join(lines)
+
+
+# ---------------------------------------------------------------- atr_separate (separate.py)
+def separation_rewriter_table(readers: Mapping) -> str:
+  """Surfaced records: F1 of B2 / Bev / Bval and their paired differences."""
+  lines = ['| reader | n surfaced | F1 B2 | F1 Bev (evidence line) | F1 Bval (bare value) | '
+           'Bev − B2 | Bval − B2 | **Bev − Bval** |', '|---|---:|---|---|---|---|---|---|']
+  for name, s in readers.items():
+    x = s['surfaced']
+    lines.append(f"| {name} | {s['n_surfaced']} | " + ' | '.join(
+        _mean(x[k]) for k in ('B2', 'Bev', 'Bval')) + ' | ' + ' | '.join(
+        fmt(x[k]) for k in ('Bev − B2', 'Bval − B2')) + f" | **{fmt(x['Bev − Bval'])}** |")
+  return '\n'.join(lines)
+
+
+def separation_edit_table(readers: Mapping) -> str:
+  """Compiles holding the evidence line: Δ of unbind, its placebo and remove (VALUE only)."""
+  lines = ['| reader | n | F1 (compile) | Δunbind | Δplacebo | Δremove (VALUE) | '
+           '**unbind − placebo** | remove − placebo |', '|---|---:|---|---|---|---|---|---|']
+  for name, s in readers.items():
+    e = s['edits']
+    if not s['n_edits']:
+      lines.append(f'| {name} | 0 |' + ' — |' * 6)
+      continue
+    lines.append(f"| {name} | {s['n_edits']} | {_mean(e['orig'])} | " + ' | '.join(
+        fmt(e[k]) for k in ('Δunbind', 'Δunbind_placebo', 'Δremove')) +
+        f" | **{fmt(e['unbind − placebo'])}** | {fmt(e['remove − placebo'])} |")
+  return '\n'.join(lines)
+
+
+def span_panel_table(readers: Mapping) -> str:
+  """The one-token sentinels at the gold span only, each against [MASK] (= remove)."""
+  names = ('[REMOVED]', 'word', 'symbol')
+  lines = ['| reader | F1 [MASK] | ' + ' | '.join(f'd[{s}]' for s in names) + ' |',
+           '|---|---|' + '---|' * len(names)]
+  for name, s in readers.items():
+    if not s['n_edits']:
+      continue
+    lines.append(f"| {name} | {_mean(s['edits']['remove'])} | "
+                 + ' | '.join(fmt(s['span_panel'][k]) for k in names) + ' |')
+  return '\n'.join(lines)

@@ -1,4 +1,5 @@
-"""The three worlds of the answer-presence job (configs/answer_presence.py `world`).
+"""The worlds of the answer-presence job (configs/answer_presence.py `world`; the fourth,
+`atr_separate`, is World A with answer string and evidence apart: separate.py).
 
 A world knows its readers, its baselines and how to audit one chunk of
 records with one reader (`chunk(reader_name, k)` → `audit_chunk`'s dict).
@@ -32,10 +33,14 @@ def _need(cond: bool, msg: str) -> None:
 
 def make_world(config) -> Any:
   """The world of `config` (validated)."""
-  worlds = {'generated': GeneratedWorld, 'atr': ATRWorld, 'factqa': FactQAWorld}
+  worlds = {'generated': GeneratedWorld, 'atr': ATRWorld, 'factqa': FactQAWorld,
+            'atr_separate': None}
   _need(config.world in worlds, f'config.world must be one of {sorted(worlds)}, got {config.world!r}')
   for k in ('n_records', 'chunk_size'):
     _need(isinstance(config[k], int) and config[k] >= 1, f'config.{k} must be an int >= 1, got {config[k]!r}')
+  if config.world == 'atr_separate':  # World A with answer string and evidence apart
+    from ceu_jax.audits.answer_presence.separate import SeparateWorld
+    return SeparateWorld(config)
   return worlds[config.world](config)
 
 
@@ -67,6 +72,14 @@ class _World:
   def extra_summary(self, parts) -> dict:
     return {}
 
+  def reader_summary(self, name, parts) -> dict:
+    """World-specific entries of one reader's summary (beside _summarise_reader's)."""
+    return {}
+
+  def extra_claims(self, summary) -> list:
+    """World-specific claims decided by rule (beside job.headline_claims)."""
+    return []
+
   def extra_report(self, summary) -> list:
     return []
 
@@ -75,14 +88,16 @@ class _World:
 
 
 def audit_chunk(reader, medium, by_baseline: dict, *, loglik: bool,
-                identity_baselines: Sequence[str]) -> dict:
+                identity_baselines: Sequence[str], scorer=None) -> dict:
   """Everything one reader gives on one chunk of records (JSON-able).
 
   by_baseline: {'B1': raw records, 'B2': ..., ...}. Per baseline: skipped ids
   per reason, per-record (bucket, companion bucket, F1, log-lik, answer) and,
-  for every baseline but B1, the audit rows; the sentinel panel on B2.
+  for every baseline but B1, the audit rows; the sentinel panel on B2. `scorer` (of
+  this reader and medium) shares its answers with the caller.
   """
-  scorer = ap.Scorer(reader, medium, loglik=loglik)
+  scorer = scorer if scorer is not None else ap.Scorer(reader, medium, loglik=loglik)
+  reader = scorer.reader
   out: dict = dict(skipped={}, scores={}, rows={}, panel=None)
   for b, recs in by_baseline.items():
     v = ap.validate(recs, medium=medium)
