@@ -12,6 +12,7 @@ from ceu_jax import claims
 from ceu_jax.audits.answer_presence import atr_world as aw
 from ceu_jax.audits.answer_presence import audit as ap
 from ceu_jax.audits.answer_presence import separate as se
+from ceu_jax.audits.answer_presence import worlds as wo
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.readers.oracles import CopyOracle, _Oracle, context_of, question_of
 
@@ -235,7 +236,7 @@ def test_job_tiny_separate_with_oracle_readers(tmp_path, monkeypatch):
   def build(self, family):
     built.append(family)
     return _copy(self.raw) if family == 'attention' else BindingOracle(cfg=self.data_cfg)
-  monkeypatch.setattr(se.SeparateWorld, '_build_reader', build)
+  monkeypatch.setattr(wo.SeparateWorld, '_build_reader', build)
   s = job.run_answer_presence(c, str(tmp_path), log=lambda m: None)
   assert sorted(built) == ['attention', 'ssm'] and s['world'] == 'atr_separate'
   assert set(s['baselines']) == set(se.BASELINES)

@@ -48,6 +48,7 @@ import numpy as np
 from ceu_jax import claims
 from ceu_jax.audits.answer_presence import atr_world as aw
 from ceu_jax.audits.answer_presence import audit as ap
+from ceu_jax.metrics.resampling import mean_ci, paired_difference_ci
 
 BASELINES = ('B1', 'B2', 'Bev', 'Bval')
 SURFACE = {'Bev': 'evidence', 'Bval': 'value'}
@@ -241,7 +242,7 @@ def hypothesis_claims(name: str, sur: Sequence[dict], edits: Sequence[dict], *,
 
 def reader_summary(name: str, parts: Sequence[dict], seed: int) -> dict:
   """The separation of one reader over its chunks (JSON-able)."""
-  from ceu_jax.metrics.resampling import mean_ci, paired_difference_ci
+
   sur = [x for p in parts for x in p['separation']['surfaced']]
   edits = [x for p in parts for x in p['separation']['edits']]
   out: dict = dict(n_surfaced=len(sur), n_edits=len(edits),
@@ -267,55 +268,3 @@ def reader_summary(name: str, parts: Sequence[dict], seed: int) -> dict:
     out['span_panel'] = {s: agg(e[f'span {s}'], e['remove']) for s in SPAN_SENTINELS[1:]}
   out['claims'] = [dataclasses.asdict(c) for c in hypothesis_claims(name, sur, edits, seed=seed)]
   return out
-
-
-# ---------------------------------------------------------------- the world
-def _world_base():
-  from ceu_jax.audits.answer_presence import worlds
-  return worlds
-
-
-class SeparateWorld(_world_base().ATRWorld):
-  """World A (same data, readers and edits) plus Bev / Bval and unbind (module doc)."""
-  baselines = BASELINES
-  title = 'World A, answer string and evidence apart: ATR-insert, trained readers'
-
-  def chunk(self, family, k):
-    x = self.config.atr
-    by = compiled(self.medium, self._slice(self.raw, k), p_drop=x.p_drop, p_surface=x.p_surface,
-                  seed=x.rewriter_seed)
-    scorer = ap.Scorer(self.reader(family), self.medium, loglik=bool(x.loglik))
-    out = _world_base().audit_chunk(None, self.medium, by, loglik=bool(x.loglik),
-                                    identity_baselines=self.baselines, scorer=scorer)
-    out['separation'] = separation(scorer, by)
-    out['calls'] = scorer.calls
-    return out
-
-  def reader_summary(self, name, parts):
-    return dict(separation=reader_summary(name, parts, self.config.bootstrap_seed))
-
-  def extra_claims(self, summary):
-    return [claims.Claim(**c) for r in summary['readers'].values()
-            for c in r['separation']['claims']]
-
-  def extra_report(self, summary):
-    from ceu_jax.audits.answer_presence import report
-    rd = {n: r['separation'] for n, r in summary['readers'].items()}
-    return ['', '## Answer string vs evidence: rewriters that surface one or the other', '',
-            'Records whose B2 compile lacks the evidence line; Bev adds it, Bval adds the bare '
-            'gold VALUE in the same slot (F1 × 100, paired differences).', '',
-            report.separation_rewriter_table(rd), '',
-            '## Removing the binding vs removing the VALUE (B2 compiles holding the evidence line)',
-            '', report.separation_edit_table(rd), '',
-            '## One-token sentinels at the gold span only (d = F1(s) − F1([MASK]))', '',
-            report.span_panel_table(rd)]
-
-  def describe(self, summary):
-    x = self.config.atr
-    return (super().describe(summary).replace('Rewriters: B2 keeps lines with the query ID, B3 '
-                                              'with its KEY, B4 with both; ', '')
-            + f' Rewriters (separate variant): B2 keeps the lines with the query ID (p_drop = '
-            f'{x.p_drop}, no surfacing); where its compile lacks the evidence line, Bev adds the '
-            f'full evidence line and Bval the bare gold VALUE ("NOTE v w w w w .") into the same '
-            f'free slot (p_surface = {x.p_surface}). unbind: the evidence line\'s ID #q and KEY k '
-            '→ [MASK]; its placebo: as many one-token windows of other lines → [MASK].')

@@ -17,7 +17,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ceu_jax import io
+from ceu_jax import claims
 from ceu_jax.audits.answer_presence import audit as ap
+from ceu_jax.audits.answer_presence import report
+from ceu_jax.audits.answer_presence import separate
 from ceu_jax.audits.answer_presence import sentinels as sp
 from ceu_jax.metrics.resampling import mean_ci
 
@@ -34,13 +37,10 @@ def _need(cond: bool, msg: str) -> None:
 def make_world(config) -> Any:
   """The world of `config` (validated)."""
   worlds = {'generated': GeneratedWorld, 'atr': ATRWorld, 'factqa': FactQAWorld,
-            'atr_separate': None}
+            'atr_separate': SeparateWorld}  # World A with answer string and evidence apart
   _need(config.world in worlds, f'config.world must be one of {sorted(worlds)}, got {config.world!r}')
   for k in ('n_records', 'chunk_size'):
     _need(isinstance(config[k], int) and config[k] >= 1, f'config.{k} must be an int >= 1, got {config[k]!r}')
-  if config.world == 'atr_separate':  # World A with answer string and evidence apart
-    from ceu_jax.audits.answer_presence.separate import SeparateWorld
-    return SeparateWorld(config)
   return worlds[config.world](config)
 
 
@@ -367,3 +367,48 @@ class FactQAWorld(_World):
             '(SmolLM2 keeps the sentences of A\'s compile it judges helpful, SPEC §8.1); reader: SmolLM2-135M-Instruct'
             f"{'' if not f.n_layers else f' (first {f.n_layers} layers)'}, {f.n_shots}-shot "
             f'ChatML prompt, ≤ {f.max_new_tokens} new tokens, cut at the first newline.')
+
+
+class SeparateWorld(ATRWorld):
+  """World A (same data, readers and edits) plus Bev / Bval and unbind (module doc)."""
+  baselines = separate.BASELINES
+  title = 'World A, answer string and evidence apart: ATR-insert, trained readers'
+
+  def chunk(self, family, k):
+    x = self.config.atr
+    by = separate.compiled(self.medium, self._slice(self.raw, k), p_drop=x.p_drop, p_surface=x.p_surface,
+                  seed=x.rewriter_seed)
+    scorer = ap.Scorer(self.reader(family), self.medium, loglik=bool(x.loglik))
+    out = audit_chunk(None, self.medium, by, loglik=bool(x.loglik),
+                                    identity_baselines=self.baselines, scorer=scorer)
+    out['separation'] = separate.separation(scorer, by)
+    out['calls'] = scorer.calls
+    return out
+
+  def reader_summary(self, name, parts):
+    return dict(separation=separate.reader_summary(name, parts, self.config.bootstrap_seed))
+
+  def extra_claims(self, summary):
+    return [claims.Claim(**c) for r in summary['readers'].values()
+            for c in r['separation']['claims']]
+
+  def extra_report(self, summary):
+    rd = {n: r['separation'] for n, r in summary['readers'].items()}
+    return ['', '## Answer string vs evidence: rewriters that surface one or the other', '',
+            'Records whose B2 compile lacks the evidence line; Bev adds it, Bval adds the bare '
+            'gold VALUE in the same slot (F1 × 100, paired differences).', '',
+            report.separation_rewriter_table(rd), '',
+            '## Removing the binding vs removing the VALUE (B2 compiles holding the evidence line)',
+            '', report.separation_edit_table(rd), '',
+            '## One-token sentinels at the gold span only (d = F1(s) − F1([MASK]))', '',
+            report.span_panel_table(rd)]
+
+  def describe(self, summary):
+    x = self.config.atr
+    return (super().describe(summary).replace('Rewriters: B2 keeps lines with the query ID, B3 '
+                                              'with its KEY, B4 with both; ', '')
+            + f' Rewriters (separate variant): B2 keeps the lines with the query ID (p_drop = '
+            f'{x.p_drop}, no surfacing); where its compile lacks the evidence line, Bev adds the '
+            f'full evidence line and Bval the bare gold VALUE ("NOTE v w w w w .") into the same '
+            f'free slot (p_surface = {x.p_surface}). unbind: the evidence line\'s ID #q and KEY k '
+            '→ [MASK]; its placebo: as many one-token windows of other lines → [MASK].')
