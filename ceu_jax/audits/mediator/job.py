@@ -8,6 +8,7 @@ A setting is (reader, tool); a unit is one chunk of items in one setting. The jo
 runs on the one job contract (`ceu_jax.jobs.run_job`: the workdir lock, the config
 check against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
   rows.csv      one row per (setting, item): M̂, Ŷ, kind, M*, Ŷ*, consistency, parse failures
+                and their reasons, stop reasons, the raw output and continuation
   summary.json  per setting: F_ID, F_Strong, Δ, COR / CNF consistency (CIs), counts, skips
   report.md     the table and the figures
   cor_cnf.png/pdf, fid_fstrong.png/pdf
@@ -26,7 +27,8 @@ from ceu_jax.audits.mediator import worlds
 ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold', 'm_hat', 'y_hat',
                'arg', 'c_m_hat', 'consistent', 'm_star', 'forced', 'y_star', 'arg_star',
                'c_m_star', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star',
-               'output', 'continuation')
+               'fail_reason', 'fail_reason_star', 'stop_reason', 'stop_reason_star', 'arg_copy',
+               'arg_copy_star', 'output', 'continuation')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
@@ -84,7 +86,8 @@ def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> di
 def _typed(r: dict) -> dict:
   """A CSV/JSON row record back to the fields `summarize` reads."""
   out = dict(r)
-  for k in ('consistent', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star'):
+  for k in ('consistent', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star',
+            'arg_copy', 'arg_copy_star'):
     out[k] = bool(r[k])
   return out
 
