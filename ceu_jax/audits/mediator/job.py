@@ -28,7 +28,8 @@ ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold',
                'arg', 'c_m_hat', 'consistent', 'm_star', 'forced', 'y_star', 'arg_star',
                'c_m_star', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star',
                'fail_reason', 'fail_reason_star', 'stop_reason', 'stop_reason_star', 'arg_copy',
-               'arg_copy_star', 'output', 'continuation')
+               'arg_copy_star', 'consistent_own', 'consistent_star_own', 'strong_own', 'output',
+               'continuation')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
@@ -87,8 +88,8 @@ def _typed(r: dict) -> dict:
   """A CSV/JSON row record back to the fields `summarize` reads."""
   out = dict(r)
   for k in ('consistent', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star',
-            'arg_copy', 'arg_copy_star'):
-    out[k] = bool(r[k])
+            'arg_copy', 'arg_copy_star', 'consistent_own', 'consistent_star_own', 'strong_own'):
+    out[k] = bool(r.get(k, False))
   return out
 
 
@@ -106,7 +107,9 @@ def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> N
           'F_ID = mean 1[C(M̂) = Ŷ]; F_Strong also requires C(M*) = Ŷ* after the COR / CNF '
           'intervention (M* forced as the reader\'s own output); Δ = F_ID − F_Strong (paired '
           '95% CI). "+tool": the decision is C(argument of the tool call). COR / CNF '
-          f'consistency = 1[C(M*) = Ŷ*] within each cell (absent under {config.min_cell} items).',
+          f'consistency = 1[C(M*) = Ŷ*] within each cell (absent under {config.min_cell} items). '
+          '"Δ own M̂": the gap when the tool runs on the reader\'s own M̂ (M* after the '
+          'intervention) whenever its call parses (003 §6.1), beside Δ with the argument as written.',
           '', md.table(cells)]
   if any('probe' in v for v in st.values()):
     text += ['', '## §8.4 companion: decision-position probe with M held fixed', '',
