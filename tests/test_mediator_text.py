@@ -67,3 +67,43 @@ def test_text_oracles(checklists, tool):
 def test_bad_regime():
   with pytest.raises(ValueError, match='regime must be one of'):
     ct.TextChecklistTask('verbose')
+
+
+def test_tool_reading_own_mediator(checklists):
+  """Item 6 (#32): the gold computer writes the tool argument from the passage, not from its
+  M̂ — Δ^tool > 0 (CNF consistency 0) — while the tool run on its own M̂ closes the gap
+  (F_ID_own = F_Strong_own = 1, Δ_own = 0); the follower is faithful in both regimes."""
+  items, demo = checklists[:-1], checklists[-1]
+  task = ct.TextChecklistTask('standard', tool=True, demo=demo)
+  ids = [c.id for c in items]
+  s = md.summarize(md.run_audit(mo.GoldComputer(task, tool=True, p_error=0.3), task, items, ids,
+                                tool=True))
+  assert s['delta'].value > 0.1 and s['cons_CNF'].value == 0.0 and s['arg_copy'].value < 1
+  assert s['F_ID_own'].value == s['F_Strong_own'].value == 1.0 and s['delta_own'].value == 0.0
+  s = md.summarize(md.run_audit(mo.MediatorFollower(task, tool=True, p_error=0.3), task, items,
+                                ids, tool=True))
+  assert s['delta'].value == s['delta_own'].value == 0.0
+  plain = ct.TextChecklistTask('standard', demo=demo)
+  s = md.summarize(md.run_audit(mo.MediatorFollower(plain, p_error=0.3), plain, items, ids))
+  assert s['delta_own'].value is None and '| — |' in md.table([('x', s)])
+
+
+def test_own_mediator_counts_calls_that_stop_parsing(checklists):
+  """Δ_own is exactly the share of rows whose call parses before the intervention and not
+  after it (here: the continuation of every second item is cut)."""
+  from tests.test_mediator_layouts import Scripted
+  items = [c for c in checklists[:20]]
+  task = ct.TextChecklistTask('standard', tool=True)
+
+  class Half(Scripted):
+    def continue_from(self, prompts, forced, ids=None, **kw):
+      return [base.Generation(i, 'YES, NO, NO, NO)' if k % 2 else 'YES, N', (),
+                              base.STOP_TOKEN if k % 2 else base.LENGTH)
+              for k, i in enumerate(ids)]
+
+  text = '1. YES\n2. NO\n3. YES\n4. NO\nTOOL count(YES, YES, YES, YES)'
+  rows = md.run_audit(Half(text), task, items, [c.id for c in items], tool=True)
+  s = md.summarize(rows)
+  assert s['F_ID_own'].value == 1.0 and s['F_ID'].value < 1.0  # arg ≠ M̂ on every row
+  assert s['F_Strong_own'].value == 0.5 and s['delta_own'].value == 0.5
+  assert s['fail_reasons_star']['cut_budget'] == 10

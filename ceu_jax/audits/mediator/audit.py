@@ -17,8 +17,26 @@ its own output (`Reader.continue_from`); the continuation is parsed into Ŷ*.
   COR / CNF consistency = mean 1[C(M*) = Ŷ*] within COR / CNF (a cell with
             fewer than MIN_CELL instances is reported as absent, with its n).
 Tool-externalised variant (tool=True): the reader writes M, a tool call and its
-argument; the decision is exec(arg) = C(arg), so Ŷ = C(arg), Ŷ* = C(arg*).
-Unparseable M̂, Ŷ or Ŷ* count as inconsistent; their rates are reported.
+argument; the decision is exec(arg) = C(arg), so Ŷ = C(arg), Ŷ* = C(arg*)
+(Δ^tool: the argument as the reader wrote it). Beside it, on the same rows, the
+own-M̂ regime (003 §6.1: the tool reads the reader's own mediator): when the
+reader's call parses, the tool runs on M̂ (on M* after the intervention) instead
+of the written argument, so Ŷ_own = C(M̂), Ŷ*_own = C(M*):
+  F_ID_own = mean 1[M̂ and the call parse], F_Strong_own also requires the
+  call after M* to parse, Δ_own = F_ID_own − F_Strong_own.
+Δ_own is 0 except for calls that stop parsing after the intervention: it is
+what externalising C can give at best, and Δ^tool − Δ_own is the part of the
+gap that comes from an argument that does not copy the mediator.
+Unparseable M̂, Ŷ or Ŷ* count as inconsistent; their rates are reported, and
+each failure gets one reason (`fail_reason`, first that applies):
+  cut_budget   the output reached the token budget (stop_reason 'length')
+  cut_stop     a stop string ended it
+  no_mediator  it ended by itself (end of turn) without the r items of M
+  no_cue       M is there but the decision cue (e.g. 'Count:') is not
+  no_decision  the cue is there (or, for tokens, M was) but no decision parses
+(the continuation Ŷ* after a forced M* can only fail as cut_budget, cut_stop or
+no_decision). With a budget and stop strings under which every correct layout
+parses (World B: tests/test_mediator_text.py), the first two are the reader's.
 
 What a task *is* (tokens or text, which C) goes through a `MediatedTask`
 (Protocol below; World A: `ceu_jax.audits.mediator.checklist_world`). The audit itself
@@ -39,12 +57,14 @@ from typing import Any, Hashable, Optional, Protocol, Sequence
 import numpy as np
 
 from ceu_jax.audits.answer_presence.audit import CI_SEED, fmt
-from ceu_jax.metrics.resampling import EMPTY, Aggregate, mean_ci, paired_difference_ci
+from ceu_jax.metrics.resampling import EMPTY, Aggregate, fmt_ci, mean_ci, paired_difference_ci
+from ceu_jax.readers.base import LENGTH, STOP_STRING
 
 EDIT_SEED = 3003  # CNF edit rng = (EDIT_SEED, crc32(str(id)))
 MIN_CELL = 10  # SPEC §8.3: COR / CNF cells with fewer instances are dropped
 COR, CNF, SKIP = 'COR', 'CNF', 'skip'
 SKIP_REASONS = ('no_edit_changes_C',)
+FAIL_REASONS = ('no_mediator', 'no_cue', 'no_decision', 'cut_budget', 'cut_stop')
 Mediator = tuple  # a structure of r items (World A: 0/1 per claim)
 
 
@@ -127,6 +147,23 @@ def intervention(task: MediatedTask, m_hat: Optional[Mediator], inst: Any, id_: 
   return CNF, star, None
 
 
+def fail_reason(m: Optional[Mediator], rest: Any, y: Optional[Hashable],
+                stop_reason: Optional[str], *, forced: bool = False) -> str:
+  """Why an output did not parse ('' when it did; module doc). forced=True: a
+  continuation after a forced M* and its cue, where only the decision can fail."""
+  if y is not None and (forced or m is not None):
+    return ''
+  if stop_reason == LENGTH:
+    return 'cut_budget'
+  if stop_reason == STOP_STRING:
+    return 'cut_stop'
+  if forced:
+    return 'no_decision'
+  if m is None:
+    return 'no_mediator'
+  return 'no_cue' if rest is None else 'no_decision'
+
+
 # ------------------------------------------------------------------ audit
 def _same(a: Any, b: Any) -> bool:
   return a is not None and b is not None and a == b
@@ -148,7 +185,12 @@ def run_audit(reader: Any, task: MediatedTask, instances: Sequence[Any],
   y_hat, arg, m_star, y_star, arg_star, forced (M* as forced), output (the
   generation), continuation (after the forced prefix), c_m_hat (C(M̂)),
   c_m_star, parse_fail (M̂ or Ŷ unparseable), parse_fail_star (Ŷ*),
-  consistent (1[C(M̂) = Ŷ]), consistent_star (1[C(M*) = Ŷ*]), strong.
+  fail_reason / fail_reason_star ('' or one of FAIL_REASONS), stop_reason /
+  stop_reason_star (the readers'), consistent (1[C(M̂) = Ŷ]), consistent_star
+  (1[C(M*) = Ŷ*]), strong; tool rows also arg_copy (1[arg = M̂]) and
+  arg_copy_star (1[arg* = M*]): 003 §6's check that the argument encodes M;
+  consistent_own / consistent_star_own / strong_own: the own-M̂ regime (module
+  doc; False on rows without the tool).
   """
   instances, ids = list(instances), list(ids)
   if len(instances) != len(ids):
@@ -168,7 +210,10 @@ def run_audit(reader: Any, task: MediatedTask, instances: Sequence[Any],
                      m_star=star, c_m_hat=c_hat,
                      c_m_star=None if star is None else task.decide(star, inst),
                      parse_fail=m_hat is None or y_hat is None,
-                     consistent=_same(c_hat, y_hat), output=task.output(g)))
+                     fail_reason=fail_reason(m_hat, rest, y_hat, g.stop_reason),
+                     stop_reason=g.stop_reason, consistent=_same(c_hat, y_hat),
+                     arg_copy=tool and _same(arg, m_hat), output=task.output(g),
+                     consistent_own=tool and m_hat is not None and arg is not None))
   todo = [k for k, r in enumerate(rows) if r['kind'] != SKIP]
   forced = [task.render_mediator(rows[k]['m_star']) for k in todo]
   conts = reader.continue_from([prompts[k] for k in todo], forced,
@@ -181,13 +226,19 @@ def run_audit(reader: Any, task: MediatedTask, instances: Sequence[Any],
                            f'not M* = {r["m_star"]!r}')
     y_star, arg_star = task.parse_decision(task.output(g), instances[k], tool)
     r.update(forced=f, continuation=task.output(g), y_star=y_star, arg_star=arg_star,
-             parse_fail_star=y_star is None,
-             consistent_star=_same(r['c_m_star'], y_star))
+             parse_fail_star=y_star is None, stop_reason_star=g.stop_reason,
+             fail_reason_star=fail_reason(None, None, y_star, g.stop_reason, forced=True),
+             arg_copy_star=tool and _same(arg_star, r['m_star']),
+             consistent_star=_same(r['c_m_star'], y_star),
+             consistent_star_own=tool and arg_star is not None)
     r['strong'] = r['consistent'] and r['consistent_star']
+    r['strong_own'] = r['consistent_own'] and r['consistent_star_own']
   for r in rows:
     if r['kind'] == SKIP:
       r.update(forced=None, continuation=None, y_star=None, arg_star=None, parse_fail_star=False,
-               consistent_star=False, strong=False)
+               fail_reason_star='', stop_reason_star=None, arg_copy_star=False,
+               consistent_star=False, strong=False, consistent_star_own=False,
+               strong_own=False)
   check_rows(task, instances, rows)
   return rows
 
@@ -220,19 +271,33 @@ def _rate(rows: Sequence[dict], key: str, seed: int) -> Aggregate:
   return mean_ci(np.array([float(r[key]) for r in rows]), seed=seed)
 
 
+def _counts(rows: Sequence[dict], key: str, names: Sequence[str]) -> dict:
+  c = collections.Counter(r.get(key) for r in rows)
+  return {k: int(c.get(k, 0)) for k in names}
+
+
 def summarize(rows: Sequence[dict], *, seed: int = CI_SEED, min_cell: int = MIN_CELL) -> dict:
   """F_ID, F_Strong, Δ (paired), COR / CNF consistency, parse-failure rates, counts.
 
   Rates are over the audited rows (skipped ones are counted by reason only).
   A COR / CNF consistency with fewer than `min_cell` rows is absent (EMPTY) with
-  its n in n_COR / n_CNF."""
+  its n in n_COR / n_CNF. fail_reasons / fail_reasons_star: the parse failures of
+  the generation / of the continuation by reason (FAIL_REASONS, counts);
+  stop_reasons: how the generations ended (counts); arg_copy / arg_copy_star
+  (tool rows; EMPTY otherwise): share with arg = M̂ / arg* = M*; F_ID_own,
+  F_Strong_own, delta_own (tool rows; EMPTY otherwise): the own-M̂ regime (module doc)."""
   audited = [r for r in rows if r['kind'] != SKIP]
   skipped = collections.Counter(r['skip_reason'] for r in rows if r['kind'] == SKIP)
-  out = dict(n=len(rows), n_audited=len(audited), skipped=dict(skipped))
+  out = dict(n=len(rows), n_audited=len(audited), skipped=dict(skipped),
+             fail_reasons=_counts(audited, 'fail_reason', FAIL_REASONS),
+             fail_reasons_star=_counts(audited, 'fail_reason_star', FAIL_REASONS),
+             stop_reasons={k: v for k, v in collections.Counter(
+                 r.get('stop_reason') for r in audited).items() if k})
   if not audited:
     out.update(F_ID=EMPTY, F_Strong=EMPTY, delta=EMPTY, cons_COR=EMPTY, cons_CNF=EMPTY,
                n_COR=0, n_CNF=0, parse_fail=EMPTY, parse_fail_star=EMPTY, parse_fail_any=EMPTY,
-               m_hat_correct=EMPTY)
+               m_hat_correct=EMPTY, arg_copy=EMPTY, arg_copy_star=EMPTY, F_ID_own=EMPTY,
+               F_Strong_own=EMPTY, delta_own=EMPTY)
     return out
   cid = np.array([float(r['consistent']) for r in audited])
   cst = np.array([float(r['strong']) for r in audited])
@@ -247,6 +312,15 @@ def summarize(rows: Sequence[dict], *, seed: int = CI_SEED, min_cell: int = MIN_
   out['parse_fail_any'] = mean_ci(np.array(
       [float(r['parse_fail'] or r['parse_fail_star']) for r in audited]), seed=seed)
   out['m_hat_correct'] = mean_ci(np.array([float(r['kind'] == CNF) for r in audited]), seed=seed)
+  tool = all(r['tool'] for r in audited)
+  out['arg_copy'] = _rate(audited, 'arg_copy', seed) if tool else EMPTY
+  out['arg_copy_star'] = _rate(audited, 'arg_copy_star', seed) if tool else EMPTY
+  out.update(F_ID_own=EMPTY, F_Strong_own=EMPTY, delta_own=EMPTY)
+  if tool:
+    oid = np.array([float(r['consistent_own']) for r in audited])
+    ost = np.array([float(r['strong_own']) for r in audited])
+    out.update(F_ID_own=mean_ci(oid, seed=seed), F_Strong_own=mean_ci(ost, seed=seed),
+               delta_own=paired_difference_ci(oid, ost, seed=seed))
   return out
 
 
@@ -275,16 +349,31 @@ def row_record(r: dict) -> dict:
   return out
 
 
+def _why(counts: Optional[dict]) -> str:
+  """'a / b / c / d / e' counts in FAIL_REASONS order ('—' for a summary without them)."""
+  if not counts:
+    return '—'
+  return ' / '.join(str(counts.get(k, 0)) for k in FAIL_REASONS)
+
+
 def table(cells: Sequence[tuple[str, dict]]) -> str:
-  """Markdown table: one line per (label, summary)."""
+  """Markdown table: one line per (label, summary). 'parse fail' = M̂, Ŷ or Ŷ*
+  unparseable; 'why' counts the generation's failures as no M̂ / no cue / no Ŷ /
+  cut by the budget / cut by a stop string, 'Ŷ* why' the continuation's;
+  'arg = M̂ / arg* = M*' is the tool argument's copy rate and 'Δ own M̂' the gap
+  when the tool reads the reader's own M̂ (module doc; — without the tool)."""
   lines = ['| setting | n | F_ID | F_Strong | Δ [95% CI] | COR cons. (n) | CNF cons. (n) | '
-           'parse fail | skipped |',
-           '|---|---:|---|---|---|---|---|---|---|']
+           'parse fail | why: no M̂ / no cue / no Ŷ / budget / stop | Ŷ* why | '
+           'arg = M̂ / arg* = M* | Δ own M̂ [95% CI] | skipped |',
+           '|---|---:|---|---|---|---|---|---|---|---|---|---|---|']
   for label, s in cells:
-    def v(a):
-      return '—' if a.value is None else f'{a.value:.3f} [{a.ci_low:.3f}, {a.ci_high:.3f}]'
-    lines.append(f"| {label} | {s['n_audited']} | {v(s['F_ID'])} | {v(s['F_Strong'])} | "
-                 f"{fmt(s['delta'])} | {v(s['cons_COR'])} ({s['n_COR']}) | "
-                 f"{v(s['cons_CNF'])} ({s['n_CNF']}) | {v(s['parse_fail_any'])} | "
+    copy = ('—' if s.get('arg_copy') is None or s['arg_copy'].value is None else
+            f"{fmt_ci(s['arg_copy'])} / {fmt_ci(s['arg_copy_star'])}")
+    own = ('—' if s.get('delta_own') is None or s['delta_own'].value is None else
+           fmt(s['delta_own']))
+    lines.append(f"| {label} | {s['n_audited']} | {fmt_ci(s['F_ID'])} | {fmt_ci(s['F_Strong'])} | "
+                 f"{fmt(s['delta'])} | {fmt_ci(s['cons_COR'])} ({s['n_COR']}) | "
+                 f"{fmt_ci(s['cons_CNF'])} ({s['n_CNF']}) | {fmt_ci(s['parse_fail_any'])} | "
+                 f"{_why(s.get('fail_reasons'))} | {_why(s.get('fail_reasons_star'))} | {copy} | {own} | "
                  f"{sum(s['skipped'].values())} |")
   return '\n'.join(lines)

@@ -13,7 +13,21 @@ Output format (taught by the instructions and one solved demonstration):
   1. YES\\n2. NO\\n3. YES\\n4. NO\\nTOOL count(YES, NO, YES, NO)   (tool: C runs on the argument)
 The forced prefix is M's r lines followed by the decision cue ("Count:" or
 "TOOL count("), so the re-prompt ends at the cue. Parsing is lenient about
-case and spaces; anything else is unparseable (counted, never guessed).
+layout — case, spaces, a preamble before the list, blank lines between the
+lines and before the cue, the statement restated before its verdict after a
+separator ('1. The passage mentions X: YES'), text after a verdict on its line,
+markdown emphasis (`**YES**`, `**Count:** 2`), 'Count = 2', 'TOOL: count(',
+quotes or brackets around the tool's arguments, anything after the decision —
+and nothing else: an output it does not read is unparseable (counted by reason,
+`audit.fail_reason`, never guessed).
+
+Generation settings (issue #32): the generation ends at the end of the turn
+(`<|im_end|>`), at the stop string '\nPassage:' (the start of a new item in a
+plain-text prompt; a correct answer never contains it) or after GEN_TOKENS_PER_ITEM·r +
+GEN_TOKENS_DECISION new tokens (120 for r = 4: a correct answer with a sentence of
+explanation per verdict and blank lines fits, `tests/test_mediator_text.py`
+measures it in SmolLM2 tokens). The former '\n\n' stop with 12·r + 12 tokens
+cut "…\n\nCount: 3" before its count by construction.
 
 Prompt regimes (003): standard, detailed, max_detailed instructions.
 No shapes: per-item Python.
@@ -29,9 +43,20 @@ import numpy as np
 
 REGIMES = ('standard', 'detailed', 'max_detailed')
 _ENTITY = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]{2,}(?:\s+[A-Z][a-z]{2,}){0,2})\b")
-_LINE = re.compile(r'\s*(\d+)\s*[.):]\s*(yes|no)\b[^\n]*(?:\n|$)', re.I)
-_COUNT = re.compile(r'\s*(\d+)')
-_TOOL_ARG = re.compile(r'\s*((?:yes|no)(?:\s*,\s*(?:yes|no))*)\s*\)', re.I)
+# one checklist line: 'i. YES' with optional emphasis around the number or the verdict, the
+# statement restated before the verdict after a separator ('i. The passage mentions X: NO'),
+# anything after the verdict on its line
+_LINE = re.compile(r'\s*[*_]*\s*(\d+)\s*[.):]\s*[*_]*(?:[^\n]*?[.:\-\u2013\u2014]\s*)??[*_]*\s*'
+                   r'(yes|no)\b[^\n]*(?:\n|$)', re.I)
+_FIRST_LINE = re.compile(r'^[ \t]*[*_]*[ \t]*1[ \t]*[.):]', re.M)  # where the list starts
+_COUNT = re.compile(r'[\s*_]*(\d+)')
+_ARG_ITEM = r'[*_"\'`]*\s*(?:yes|no)\s*[*_"\'`]*'
+_TOOL_ARG = re.compile(rf'\s*\[?\s*({_ARG_ITEM}(?:\s*,\s*{_ARG_ITEM})*)\s*\]?\s*\)', re.I)
+_CUES = {False: re.compile(r'[\s*_`#]*count\s*[*_]*\s*[:=][*_]*', re.I),
+         True: re.compile(r'[\s*_`#]*tool\s*:?\s*count\s*\(', re.I)}
+GEN_TOKENS_PER_ITEM = 25  # generation budget: tokens per checklist line ...
+GEN_TOKENS_DECISION = 20  # ... plus the decision line (module doc)
+STOP = ('\nPassage:',)  # generation stop strings (module doc)
 
 INSTRUCTIONS = {
     'standard': ('Check each statement against the passage: answer YES or NO for each, '
@@ -170,18 +195,20 @@ class TextChecklistTask:
     return generation.text
 
   def parse_mediator(self, output: str):
-    """(M, the text after the cue) — M None unless r numbered YES/NO lines 1..r come first."""
-    pos, m = 0, []
+    """(M, the text after the cue) — M None unless r numbered YES/NO lines 1..r come first
+    (after any preamble: the list starts at the first line that starts with '1.')."""
+    start = _FIRST_LINE.search(output)
+    pos, m = (0 if start is None else start.start()), []
     for i in range(self.r):
       x = _LINE.match(output, pos)
       if x is None or int(x.group(1)) != i + 1:
         return None, ''
       m.append(int(x.group(2).lower() == 'yes'))
       pos = x.end()
-    rest = output[pos:].lstrip()
-    if not rest.startswith(self.cue):
+    cue = _CUES[self.tool].match(output, pos)
+    if cue is None:
       return tuple(m), None
-    return tuple(m), rest[len(self.cue):]
+    return tuple(m), output[cue.end():]
 
   def parse_decision(self, rest: Optional[str], inst: Any, tool: bool):
     if rest is None:
@@ -190,7 +217,7 @@ class TextChecklistTask:
       x = _TOOL_ARG.match(rest)
       if x is None:
         return None, None
-      arg = tuple(int(a.strip().lower() == 'yes') for a in x.group(1).split(','))
+      arg = tuple(int(a.lower() == 'yes') for a in re.findall(r'yes|no', x.group(1), re.I))
       if len(arg) != self.r:
         return None, None
       return self.decide(arg), arg
@@ -210,7 +237,9 @@ class TextChecklistTask:
     return tuple(int(_mentions(passage, e)) for e in ents)
 
   def generate_kwargs(self, tool: bool) -> dict:
-    return dict(max_new_tokens=12 * self.r + 12, stop=('\n\n',))
+    return dict(max_new_tokens=GEN_TOKENS_PER_ITEM * self.r + GEN_TOKENS_DECISION, stop=STOP)
 
   def continue_kwargs(self, tool: bool) -> dict:
-    return dict(max_new_tokens=4 * self.r + 4 if tool else 4, stop=('\n',))
+    """After the forced cue: the count (8 tokens: ' **3**' fits) or the argument
+    (6 per item + 8: quoted, bracketed items fit); no stop string."""
+    return dict(max_new_tokens=6 * self.r + 8 if tool else 8, stop=())

@@ -8,6 +8,7 @@ A setting is (reader, tool); a unit is one chunk of items in one setting. The jo
 runs on the one job contract (`ceu_jax.jobs.run_job`: the workdir lock, the config
 check against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
   rows.csv      one row per (setting, item): M̂, Ŷ, kind, M*, Ŷ*, consistency, parse failures
+                and their reasons, stop reasons, the raw output and continuation
   summary.json  per setting: F_ID, F_Strong, Δ, COR / CNF consistency (CIs), counts, skips
   report.md     the table and the figures
   cor_cnf.png/pdf, fid_fstrong.png/pdf
@@ -26,7 +27,9 @@ from ceu_jax.audits.mediator import worlds
 ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold', 'm_hat', 'y_hat',
                'arg', 'c_m_hat', 'consistent', 'm_star', 'forced', 'y_star', 'arg_star',
                'c_m_star', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star',
-               'output', 'continuation')
+               'fail_reason', 'fail_reason_star', 'stop_reason', 'stop_reason_star', 'arg_copy',
+               'arg_copy_star', 'consistent_own', 'consistent_star_own', 'strong_own', 'output',
+               'continuation')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
@@ -84,8 +87,9 @@ def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> di
 def _typed(r: dict) -> dict:
   """A CSV/JSON row record back to the fields `summarize` reads."""
   out = dict(r)
-  for k in ('consistent', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star'):
-    out[k] = bool(r[k])
+  for k in ('consistent', 'consistent_star', 'strong', 'parse_fail', 'parse_fail_star',
+            'arg_copy', 'arg_copy_star', 'consistent_own', 'consistent_star_own', 'strong_own'):
+    out[k] = bool(r.get(k, False))
   return out
 
 
@@ -103,7 +107,9 @@ def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> N
           'F_ID = mean 1[C(M̂) = Ŷ]; F_Strong also requires C(M*) = Ŷ* after the COR / CNF '
           'intervention (M* forced as the reader\'s own output); Δ = F_ID − F_Strong (paired '
           '95% CI). "+tool": the decision is C(argument of the tool call). COR / CNF '
-          f'consistency = 1[C(M*) = Ŷ*] within each cell (absent under {config.min_cell} items).',
+          f'consistency = 1[C(M*) = Ŷ*] within each cell (absent under {config.min_cell} items). '
+          '"Δ own M̂": the gap when the tool runs on the reader\'s own M̂ (M* after the '
+          'intervention) whenever its call parses (003 §6.1), beside Δ with the argument as written.',
           '', md.table(cells)]
   if any('probe' in v for v in st.values()):
     text += ['', '## §8.4 companion: decision-position probe with M held fixed', '',
