@@ -98,33 +98,33 @@ def _setting(res: dict) -> tuple:
                       if not k.startswith("cer.") and k != "seed"))
 
 
-_VARYING: set = set()   # the config fields that differ between the grid's cells (names)
-
-
 def _varying(results: Sequence[dict]) -> set:
   keys = {k for r in results for k in r["config"]}
   return {k for k in keys if len({str(r["config"].get(k)) for r in results}) > 1}
 
 
-def _variant(res: dict, varying: set | None = None) -> str:
+def _variant(res: dict, varying: set) -> str:
+  """'evidence (lambda_ev=1.0)': the regulariser and the cer.* fields that vary."""
   c = res["config"]
-  varying = _VARYING if varying is None else varying
   reg = str(c.get("cer.regularizer", BASELINE))
   extra = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(c.items())
                     if k.startswith("cer.") and k != "cer.regularizer" and k in varying)
   return reg + (f" ({extra})" if extra else "")
 
 
-def _name(setting: tuple) -> str:
+def _name(setting: tuple, varying: set) -> str:
+  """'attention [eta=0.3]': the family and the other fields that vary between cells."""
   d = dict(setting)
   rest = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in setting
-                   if k != "model.family" and k in _VARYING)
+                   if k != "model.family" and k in varying)
   return d.get("model.family", "model") + (f" [{rest}]" if rest else "")
 
 
 def pair_cells(results: Sequence[dict]) -> list[dict]:
-  """[{setting, variant, seeds: {seed: (cer result, baseline result)}}] for every CER
-  setting with a baseline of the same setting and seed."""
+  """[{setting, name, variant, seeds: {seed: (cer result, baseline result)}}] for every
+  CER setting with a baseline of the same setting and seed (named by the config fields
+  that vary between the grid's cells)."""
+  varying = _varying(results)
   base = {(_setting(r), str(r["config"].get("seed", "-"))): r for r in results
           if str(r["config"].get("cer.regularizer", BASELINE)) == BASELINE}
   groups: dict = {}
@@ -134,9 +134,9 @@ def pair_cells(results: Sequence[dict]) -> list[dict]:
     seed = str(r["config"].get("seed", "-"))
     b = base.get((_setting(r), seed))
     if b is not None:
-      g = groups.setdefault((_setting(r), _variant(r)), {})
+      g = groups.setdefault((_setting(r), _variant(r, varying)), {})
       g[seed] = (r, b)
-  return [dict(setting=s, variant=v, seeds=dict(sorted(g.items())))
+  return [dict(setting=s, name=_name(s, varying), variant=v, seeds=dict(sorted(g.items())))
           for (s, v), g in sorted(groups.items())]
 
 
@@ -146,7 +146,8 @@ METRICS = ("em", "supported", "ceu_ev", "ceu_ev_fixed", "ceu_dis")
 def comparisons(workdir: str, results: Sequence[dict], *, seed: int = 42,
                 num_resamples: int = 1000,
                 load: Callable[[str, str], Any] = load_examples) -> list[dict]:
-  """Per CER setting: {setting, variant, diffs: {metric: claims.Difference}} (CER − base)."""
+  """Per CER setting: {setting, name, variant, seeds, diffs: {metric: claims.Difference}}
+  (CER − baseline)."""
   out = []
   for g in pair_cells(results):
     rows = {s: (load(workdir, a["cell_id"]), load(workdir, b["cell_id"]))
@@ -164,7 +165,7 @@ def comparisons_table(comps: Sequence[dict]) -> str:
            "(per seed: paired diff [95% CI] n) |", "|---|---|---|---|"]
   for c in comps:
     for m, d in c["diffs"].items():
-      lines.append(f"| {_name(c['setting'])} | {c['variant']} | {m} | {d.text()} |")
+      lines.append(f"| {c['name']} | {c['variant']} | {m} | {d.text()} |")
   return "\n".join(lines)
 
 
@@ -178,7 +179,7 @@ def _baselines(results: Sequence[dict]) -> dict[tuple, dict[str, dict]]:
 
 def h1_claims(workdir: str, results: Sequence[dict], *, seed: int = 42,
               num_resamples: int = 1000, load=load_examples) -> list[claims.Claim]:
-  out = []
+  out, varying = [], _varying(results)
   for setting, by_seed in sorted(_baselines(results).items()):
     rows = {s: load(workdir, r["cell_id"]) for s, r in sorted(by_seed.items())}
     rows = {s: x for s, x in rows.items() if x is not None}
@@ -191,8 +192,8 @@ def h1_claims(workdir: str, results: Sequence[dict], *, seed: int = 42,
     many = (None if not rows else all(x.diff.ci_low is not None and x.diff.ci_low >= UNUSED_SHARE
                                       for x in unused.per_seed))
     out.append(claims.combine(
-        f"H1 {_name(setting)}", "the baseline is accurate while its evidence is not causally "
-        "used on many correct answers", [],
+        f"H1 {_name(setting, varying)}", "the baseline is accurate while its evidence is not "
+        "causally used on many correct answers", [],
         [(f"EM ≥ {ACCURATE} in every seed", accurate, em.text()),
          (f"correct-but-unsupported share (EM − supported) ≥ {UNUSED_SHARE} (CI low) in "
           "every seed", many, unused.text())]))
@@ -206,7 +207,7 @@ def h2_claims(comps: Sequence[dict]) -> list[claims.Claim]:
     cost_ok = None if em.mean is None else (-em.mean <= MAX_EM_COST)
     for label, ev in (("fixed denominator", "ceu_ev_fixed"), ("§1 denominator", "ceu_ev")):
       out.append(claims.combine(
-          f"H2 {_name(c['setting'])}, {c['variant']} ({label})",
+          f"H2 {c['name']}, {c['variant']} ({label})",
           "CER raises CEU_ev and lowers CEU_dis at a small accuracy cost",
           [(f"Δ{ev} > 0", c["diffs"][ev], +1), ("Δceu_dis < 0", c["diffs"]["ceu_dis"], -1)],
           [(f"EM cost ≤ {MAX_EM_COST} (mean over seeds)", cost_ok, em.text())]))
@@ -236,7 +237,7 @@ def h3_claims(rows: Sequence[dict], results: Sequence[dict]) -> list[claims.Clai
             s, claims.Aggregate(float(np.mean(vals)), None, None, len(vals))))
     d = claims.Difference("graceful", tuple(per_seed))
     out.append(claims.combine(
-        f"H3 {_name(g['setting'])}, {g['variant']}",
+        f"H3 {g['name']}, {g['variant']}",
         "CER loses less EM than the baseline when δ, n or η shift at test time",
         [("baseline EM drop − CER EM drop (mean over shifted conditions; n = conditions)",
           d, +1)]))
@@ -258,8 +259,6 @@ def grid_claims(workdir: str, rows: Sequence[dict], results: Sequence[dict], *,
                 load=load_examples) -> tuple[list[claims.Claim], list[dict]]:
   """(H1–H4 claims, the paired comparisons they come from). Claims are named by the
   config fields that vary between the grid's cells."""
-  _VARYING.clear()
-  _VARYING.update(_varying(results))
   comps = comparisons(workdir, results, seed=seed, num_resamples=num_resamples, load=load)
   h2 = h2_claims(comps)
   return (h1_claims(workdir, results, seed=seed, num_resamples=num_resamples, load=load) + h2
