@@ -50,5 +50,27 @@ def test_tiny_smoke_grid_runs_and_reports_strata(tmp_path):
   assert again["counts"]["skipped"] == 2 and again["counts"]["done"] == 0
 
 
+
+def test_the_grid_keeps_its_programs_in_the_workdir_unless_a_cache_is_set(tmp_path):
+  """`use_compilation_cache`: W/jax_cache when no cache directory is set (the test session
+  sets one for every test, so the e2e run above uses that one), the user's when set."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  session = jax.config.jax_compilation_cache_dir
+  min_s = jax.config.jax_persistent_cache_min_compile_time_secs
+  try:
+    jax.config.update("jax_compilation_cache_dir", None)
+    path = grid_main.use_compilation_cache(str(tmp_path / "w"))
+    assert path == os.path.join(str(tmp_path / "w"), grid_main.CACHE_DIR) and os.path.isdir(path)
+    assert jax.config.jax_compilation_cache_dir == path
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+    assert grid_main.use_compilation_cache(str(tmp_path / "w2")) == str(tmp_path / "mine")
+    assert not os.path.exists(tmp_path / "w2" / grid_main.CACHE_DIR)
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_s)
+    compilation_cache.set_cache_dir(session)
+    compilation_cache.reset_cache()
+
+
 if __name__ == "__main__":
   pytest.main([__file__, "-q"])
