@@ -19,14 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import architectures
 from ceu_jax import engine
 from ceu_jax import retrieval_adapter as adapter
-from ceu_jax.data import atr, corruptions
-from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.engine import runner
 from ceu_jax.retrieval_adapter import ModelInputs
 from ceu_jax.train import losses
+from tests import test_losses_cer
 
 pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: most XLA optimisations off
 
@@ -43,19 +41,9 @@ CFG = losses.LossConfig(regularizer="evidence_distractor", k=3, beta_swap=0.4,
 
 @functools.lru_cache(maxsize=None)
 def _setup(family: str):
-  data = ATRConfig(context_len=64, n_ids=8, n_keys=8, n_values=8, n_filler=8)
   model_cfg = dict(family=family, preset="p100k", bypass=False,
                    overrides={**SMALL, **FAMILY_OVERRIDES[family]})
-  model = architectures.build_model(model_cfg, vocab_size=data.vocab.size,
-                                    context_len=data.context_len,
-                                    num_passages=data.num_passages, query_len=data.query_len,
-                                    answer_len=data.answer_len)
-  params = architectures.init_params(model, jax.random.PRNGKey(3))["params"]
-  params = jax.tree.map(lambda p: p * 3.0, params)       # larger gaps than at init
-  clean = atr.generate_batch(data, 0, 0, B, "train")
-  corrupt = corruptions.corrupt(data, clean, "value_swap", jax.random.PRNGKey(1))
-  site = architectures.read_port_site(model_cfg)
-  return model, params, clean, corrupt, site
+  return test_losses_cer.cer_setup(model_cfg, B)
 
 
 def two_forward_reference(model, variables, site, clean, corrupt, probes, frozen,

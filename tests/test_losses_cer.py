@@ -29,8 +29,14 @@ MODEL_CFG = dict(family="attention", preset="p100k", overrides=dict(
 
 @functools.lru_cache(maxsize=None)
 def _setup(b: int = B):
+  return cer_setup(MODEL_CFG, b)
+
+
+def cer_setup(model_cfg: dict, b: int):
+  """(model, params ×3, D+ batch of b, its value swap D−, the read port site) at n = 64
+  (also used by tests/test_cer_one_clean_forward.py)."""
   data = ATRConfig(context_len=64, n_ids=8, n_keys=8, n_values=8, n_filler=8)
-  model = architectures.build_model(MODEL_CFG, vocab_size=data.vocab.size,
+  model = architectures.build_model(model_cfg, vocab_size=data.vocab.size,
                                     context_len=data.context_len,
                                     num_passages=data.num_passages, query_len=data.query_len,
                                     answer_len=data.answer_len)
@@ -38,7 +44,7 @@ def _setup(b: int = B):
   params = jax.tree.map(lambda p: p * 3.0, params)       # larger gaps than at init
   clean = atr.generate_batch(data, 0, 0, b, "train")
   corrupt = corruptions.corrupt(data, clean, "value_swap", jax.random.PRNGKey(1))
-  site = architectures.read_port_site(MODEL_CFG)
+  site = architectures.read_port_site(model_cfg)
   return model, params, clean, corrupt, site
 
 
