@@ -65,7 +65,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   default_n = {'atr': (64, 2000), 'atr_separate': (64, 2000), 'factqa': (4, 200), 'generated': (200, 2000)}[world]
   c.n_records = a.n_records or default_n[int(not tiny)]  # records (World B: items over all sources)
   c.seed = 0                           # record / item selection seed
-  c.chunk_size = {'atr': 500, 'atr_separate': 500, 'factqa': 2 if tiny else 20, 'generated': 50 if tiny else 250}[world]
+  c.items_per_chunk = {'atr': 500, 'atr_separate': 500, 'factqa': 2 if tiny else 20,
+                       'generated': 50 if tiny else 250}[world]  # records per saved chunk
   c.plots = True                       # write effects.png/pdf and panel.png/pdf
   c.bootstrap_seed = 42                # percentile bootstrap seed (SPEC §8)
 

@@ -78,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.positions = (1,) if tiny and world == 'smollm2' else ()  # step indices k; () = every step
   c.tau_sim = 0.8                      # τ_sim: S above it counts as "the answer did not move"
   c.lam = 0.5                          # λ: interventions with Strength ≤ λ are never violations
-  c.chunk_size = 200 if world == 'chain' else (3 if tiny else 10)  # items per saved chunk
+  c.items_per_chunk = 200 if world == 'chain' else (3 if tiny else 10)  # items per saved chunk
   c.bootstrap_seed = 42                # percentile bootstrap seed (SPEC §8)
   c.plots = True                       # write rho_by_length.png/pdf
 

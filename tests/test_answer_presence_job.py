@@ -108,7 +108,7 @@ def cfg_vocab(c):
 def test_world_a_tiny_trains_audits_and_resumes(tmp_path):
   """`:tiny` (World A): attention trained 10 steps as in the smoke grid, 64 records."""
   c = cfg.get_config('tiny')
-  c.chunk_size = 32
+  c.items_per_chunk = 32
   w = str(tmp_path)
   logs = []
   s = job.run_answer_presence(c, w, log=logs.append)

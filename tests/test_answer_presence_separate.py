@@ -229,7 +229,7 @@ def test_job_tiny_separate_with_oracle_readers(tmp_path, monkeypatch):
   from configs import answer_presence as cfg
   c = cfg.get_config('tiny,world=atr_separate,n_records=200')
   c.atr.families = ('attention', 'ssm')
-  c.chunk_size = 100
+  c.items_per_chunk = 100
   c.plots = False
   built = []
 

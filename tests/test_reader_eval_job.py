@@ -76,7 +76,7 @@ def test_a_changed_config_is_refused_naming_the_field_and_keeps_the_plan(tmp_pat
 
 
 @pytest.mark.parametrize('field,value', [('n_per_source', -3), ('n_per_source', 0),
-                                         ('chunk_size', 0), ('batch_size', -1),
+                                         ('items_per_chunk', 0), ('batch_size', -1),
                                          ('split', 'dev'), ('n_layers', -2)])
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, field, value):
   with pytest.raises(ValueError, match=field):

@@ -52,7 +52,7 @@ def test_resume_and_config_check(tmp_path):
   w = str(tmp_path / 'w')
   c = cfgs.get_config('tiny,n_items=12')
   with c.unlocked():
-    c.chunk_size = 5
+    c.items_per_chunk = 5
     c.chain.readers = ('mixture',)
   logs = []
   s1 = trace_job.run_trace_sensitivity(c, w, log=logs.append)
@@ -66,7 +66,7 @@ def test_resume_and_config_check(tmp_path):
   assert s2['readers'] == s1['readers']
   other = cfgs.get_config('tiny,n_items=13')
   with other.unlocked():
-    other.chunk_size = 5
+    other.items_per_chunk = 5
     other.chain.readers = ('mixture',)
   with pytest.raises(workdir_lib.WorkdirConfigError, match='n_items'):
     trace_job.run_trace_sensitivity(other, w)
@@ -74,7 +74,7 @@ def test_resume_and_config_check(tmp_path):
 
 @pytest.mark.parametrize('field,value,match', [
     ('tau_sim', 1.5, 'tau_sim'), ('lam', -0.1, 'lam'), ('taus', ('flip',), 'taus'),
-    ('world', 'mars', 'world'), ('n_items', 0, 'n_items'), ('chunk_size', 0, 'chunk_size')])
+    ('world', 'mars', 'world'), ('n_items', 0, 'n_items'), ('items_per_chunk', 0, 'items_per_chunk')])
 def test_bad_config_fails_before_any_work(tmp_path, field, value, match):
   c = cfgs.get_config('tiny')
   with c.unlocked():

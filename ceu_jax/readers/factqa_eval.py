@@ -199,7 +199,7 @@ def _csv(rows: Sequence[dict]) -> str:
 
 def validate(config: Any) -> None:
   """Every field the job reads, checked before anything is built or written."""
-  for name, lo in (('n_per_source', 1), ('chunk_size', 1), ('max_prompt_tokens', 1),
+  for name, lo in (('n_per_source', 1), ('items_per_chunk', 1), ('max_prompt_tokens', 1),
                    ('max_new_tokens', 1), ('batch_size', 1), ('n_shots', 0), ('n_layers', 0),
                    ('num_resamples', 1), ('shot_min_words', 0)):
     v = config[name]
@@ -240,13 +240,13 @@ class ReaderEvalJob(jobs.Job):
     self.plan_ = plan
 
   def plan(self, ctx):
-    cs = self.config.chunk_size
+    cs = self.config.items_per_chunk
     return [jobs.Unit(f'{src}_{cond}_{k // cs:04d}', (src, cond, k)) for src in SOURCES
             for cond in CONDITIONS for k in range(0, len(self.plan_['items'][src]), cs)]
 
   def run_unit(self, ctx, spec):
     src, cond, k = spec
-    items = self.plan_['items'][src][k:k + self.config.chunk_size]
+    items = self.plan_['items'][src][k:k + self.config.items_per_chunk]
     return _chunk_rows(self.reader, self.config, self.plan_['shots'], items, cond)
 
   def describe_unit(self, spec, result):

@@ -39,7 +39,7 @@ def make_world(config) -> Any:
   worlds = {'generated': GeneratedWorld, 'atr': ATRWorld, 'factqa': FactQAWorld,
             'atr_separate': SeparateWorld}  # World A with answer string and evidence apart
   _need(config.world in worlds, f'config.world must be one of {sorted(worlds)}, got {config.world!r}')
-  for k in ('n_records', 'chunk_size'):
+  for k in ('n_records', 'items_per_chunk'):
     _need(isinstance(config[k], int) and config[k] >= 1, f'config.{k} must be an int >= 1, got {config[k]!r}')
   return worlds[config.world](config)
 
@@ -58,10 +58,10 @@ class _World:
 
   @property
   def n_chunks(self) -> int:
-    return -(-self.n_records // self.config.chunk_size)
+    return -(-self.n_records // self.config.items_per_chunk)
 
   def _slice(self, seq: Sequence, k: int) -> list:
-    cs = self.config.chunk_size
+    cs = self.config.items_per_chunk
     return list(seq[k * cs:(k + 1) * cs])
 
   def reader(self, name: str):

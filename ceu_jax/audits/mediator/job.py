@@ -46,7 +46,7 @@ class MediatorJob(jobs.Job):
 
   def prepare(self, ctx):
     self.world.prepare(ctx.workdir, ctx.log)
-    self.n_chunks = -(-len(self.world.items) // self.config.chunk_size)
+    self.n_chunks = -(-len(self.world.items) // self.config.items_per_chunk)
 
   def plan(self, ctx):
     return [jobs.Unit(f'{worlds.setting_key(*s)}_{k:04d}', (s, k)) for s in self.settings
@@ -54,7 +54,7 @@ class MediatorJob(jobs.Job):
 
   def run_unit(self, ctx, spec):
     (name, tool), k = spec
-    w, cs = self.world, self.config.chunk_size
+    w, cs = self.world, self.config.items_per_chunk
     rows = md.run_audit(w.reader(name, tool), w.task(name, tool), w.items[k * cs:(k + 1) * cs],
                         w.ids[k * cs:(k + 1) * cs], tool=tool)
     return [md.row_record(r) for r in rows]

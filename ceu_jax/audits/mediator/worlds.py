@@ -37,7 +37,7 @@ def make_world(config):
   """The world of `config`; checks that need no model (ValueError naming the field)."""
   if config.world not in WORLDS:
     raise ValueError(f"world must be one of {WORLDS}, got {config.world!r}")
-  for name in ('n_items', 'chunk_size', 'min_cell'):
+  for name in ('n_items', 'items_per_chunk', 'min_cell'):
     v = config[name]
     if not isinstance(v, int) or v < 1:
       raise ValueError(f'{name} must be an integer >= 1, got {v!r}')

@@ -56,7 +56,7 @@ class TraceSensitivityJob(jobs.Job):
     self.world.prepare(ctx.workdir, ctx.log)
 
   def plan(self, ctx):
-    cs, items = int(self.config.chunk_size), self.world.items
+    cs, items = int(self.config.items_per_chunk), self.world.items
     n_max = max(len(x) for x in items.values())
     return [jobs.Unit(f"{r.replace('/', '_')}_{d}_{lo:05d}", (r, d, lo))
             for r in self.world.readers for lo in range(0, n_max, cs)
@@ -68,7 +68,8 @@ class TraceSensitivityJob(jobs.Job):
       self._readers[r] = self.world.reader(r)
     c, t1 = self.config, time.time()
     rows = ts.run_traces(self._readers[r], self.world.domains[d],
-                         self.world.items[d][lo:lo + int(c.chunk_size)], taus=tuple(c.taus),
+                         self.world.items[d][lo:lo + int(c.items_per_chunk)],
+                         taus=tuple(c.taus),
                          positions=self.positions, tau_sim=float(c.tau_sim), lam=float(c.lam))
     return dict(rows=rows, wall_s=round(time.time() - t1, 2))
 

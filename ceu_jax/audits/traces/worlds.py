@@ -23,8 +23,8 @@ def make_world(config):
     raise ValueError(f'world must be one of {WORLDS}, got {config.world!r}')
   if int(config.n_items) < 1:
     raise ValueError(f'n_items must be >= 1, got {config.n_items!r}')
-  if int(config.chunk_size) < 1:
-    raise ValueError(f'chunk_size must be >= 1, got {config.chunk_size!r}')
+  if int(config.items_per_chunk) < 1:
+    raise ValueError(f'items_per_chunk must be >= 1, got {config.items_per_chunk!r}')
   for t in config.taus:
     if t not in ts.TAUS:
       raise ValueError(f'taus: {t!r} is not one of {ts.TAUS}')
