@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from matplotlib.figure import Figure
 
-from ceu_jax import io, jobs, plotting
+from ceu_jax import audit_config, io, jobs, plotting
 from ceu_jax import sharding as sharding_lib
 from ceu_jax import workdir as workdir_lib
 from ceu_jax import retrieval_adapter as adapter
@@ -61,6 +61,7 @@ class AuditJob(jobs.Job):
   name = "audit"
   unit_format = "npz"
   mismatch = "move_aside"
+  free_fields = ("probe_chunk",)    # how probes are batched: the rows do not depend on it
 
   def __init__(self, bundle: AuditedModel, settings: AuditSettings, variables: Any,
                data: evalsets.FixedEvalSet, *, batch_sharding: Any = None,
@@ -112,7 +113,7 @@ def fingerprint(bundle: AuditedModel, settings: AuditSettings, variables: Any,
   """What an audit's rows depend on (JSON); `variables` host-local (numpy)."""
   return dict(site=str(bundle.site), approximate_span=bundle.approximate,
               params_digest=evalsets.digest(variables), eval_set=dict(data.identity),
-              batch_size=settings.batch_size, chunk_size=settings.chunk_size,
+              batch_size=settings.batch_size, probe_chunk=settings.probe_chunk,
               eps=settings.eps, probe_seed=settings.probe_seed)
 
 
@@ -166,17 +167,18 @@ def run_audit(config, workdir: str, *, data_dir: str | None = None,
   summary.json records the checkpoint step audited, whether training completed
   (`train_run`), the eval set's identity and every declared config change.
   """
-  from ceu_jax.train import config as train_config, load_checkpoint
+  from ceu_jax.train import load_checkpoint  # the checkpoint format is training's
   if config is not None and not use_workdir_config:
-    train_config.validate(config)            # bad values first, named
+    audit_config.validate(config, jax.device_count())   # bad values first, named
   if not os.path.isdir(workdir):
     raise workdir_lib.WorkdirError(f"{workdir} does not exist: give the workdir of a "
                                    "training run (experiments.train --workdir)")
   config, changes = workdir_lib.resolve_config(
       config, workdir, use_workdir_config=use_workdir_config, allow=allow_config_change,
       log=log)
-  train_config.validate(config)
-  loaded = load_checkpoint(config, workdir)
+  config = audit_config.upgrade(config)      # a config.json recorded before eval.eps
+  audit_config.validate(config, jax.device_count())
+  loaded = load_checkpoint(config, workdir)  # also checks what loading needs (train.*)
   run = dict(loaded.run, checkpoint_step=loaded.step)
   log(f"[audit] {workdir}: checkpoint step {loaded.step} of {run['num_steps']}, "
       f"training status {run['status']!r}")

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 import architectures
-from ceu_jax import engine, metrics, multihost, progress
+from ceu_jax import audit_config, engine, metrics, multihost, progress
 from ceu_jax.engine import placement
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.data import evalsets, tasks
@@ -128,18 +128,24 @@ def audited_model(config: Any, *, data_cfg: Any = None, model: nn.Module | None 
 
 @dataclasses.dataclass(frozen=True)
 class AuditSettings:
-  """How an audit runs: batching, probe chunks, ε, probe keys, bootstrap."""
-  batch_size: int = 128        # examples per compiled call
-  chunk_size: int = 16         # probes per vmapped chunk (engine)
-  eps: float = 1e-3            # ε of the stabilised CEU (degenerate below)
-  probe_seed: int = 0          # seed of the distractor / control span draws
-  num_resamples: int = 1000    # bootstrap resamples of the summary CIs
+  """How an audit runs: batching, probe chunks, ε, probe keys, bootstrap (from the
+  config's eval section: `ceu_jax.audit_config.EvalSection`)."""
+  batch_size: int = 128             # examples per compiled call
+  probe_chunk: str | int = "auto"   # probes per vmapped chunk: 'auto' (the engine's
+                                    # measured rule, engine.chunking) or an int >= 1;
+                                    # the rows do not depend on it (tested)
+  eps: float = 1e-3                 # ε of the stabilised CEU (degenerate below)
+  probe_seed: int = 0               # seed of the distractor / control span draws
+  num_resamples: int = 1000         # bootstrap resamples of the summary CIs
+
+  def __post_init__(self):
+    object.__setattr__(self, "probe_chunk", audit_config.probe_chunk(self.probe_chunk))
 
   @classmethod
   def of_config(cls, config: Any) -> "AuditSettings":
     e = config.eval
-    return cls(batch_size=int(e.batch_size), chunk_size=int(e.chunk_size),
-               eps=float(config.cer.eps), probe_seed=int(e.seed),
+    return cls(batch_size=int(e.batch_size), probe_chunk=e.probe_chunk,
+               eps=float(e.eps), probe_seed=int(e.seed),
                num_resamples=max(int(e.num_resamples), 1))
 
 
@@ -202,7 +208,7 @@ class Auditor:
         None if bs is None else placement.replicated(bs))
     res = _audit_synced(b.loglik_fn, variables, clean=adapter.ModelInputs.of(clean),
                        corrupt=adapter.ModelInputs.of(corrupt), site=b.site, probes=probes,
-                       chunk_size=s.chunk_size, eps=s.eps, allow_approximate=b.approximate,
+                       chunk_size=s.probe_chunk, eps=s.eps, allow_approximate=b.approximate,
                        batch_sharding=bs)
     rows = dict(example_id=host.example_id, correct=correct,
                 has_evidence=host.has_evidence, dis_found=dis_found, L_plus=res.L_plus,

@@ -20,6 +20,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ceu_jax.engine import placement
 
+SHARDING_FIELDS = ("mesh_shape", "mesh_axes", "logical_axis_rules")   # config.sharding
+LOGICAL_AXES = ("batch", "length", "ctx", "embed", "heads", "kv", "mlp", "vocab", "ports",
+                "state")                                              # named by model code
+
+
 def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
   """Replace the (single) -1 by the remaining devices; ValueError if it cannot fit."""
   shape = [int(s) for s in mesh_shape]
@@ -51,6 +56,48 @@ def make_mesh(sharding_cfg: Any, devices: Sequence[jax.Device] | None = None) ->
 def rules(sharding_cfg: Any) -> tuple[tuple[str, Any], ...]:
   return tuple((str(a), b if b is None or isinstance(b, str) else tuple(b))
                for a, b in sharding_cfg.logical_axis_rules)
+
+
+def check_section(sharding_cfg: Any, num_devices: int | None = None) -> None:
+  """ValueError naming the field ("sharding.<field> ...") for a bad `config.sharding`;
+  with `num_devices`, the mesh must also fit that many devices."""
+  items = sharding_cfg.to_dict() if hasattr(sharding_cfg, "to_dict") else dict(sharding_cfg)
+  unknown = sorted(set(items) - set(SHARDING_FIELDS))
+  if unknown:
+    raise ValueError(f"sharding.{unknown[0]} is an unknown field; known: {SHARDING_FIELDS}")
+  missing = sorted(set(SHARDING_FIELDS) - set(items))
+  if missing:
+    raise ValueError(f"sharding.{missing[0]} is missing")
+  shape, axes = tuple(items["mesh_shape"]), tuple(items["mesh_axes"])
+  if len(shape) != len(axes) or not shape:
+    raise ValueError(f"sharding.mesh_axes {axes} must name each of the mesh_shape {shape} "
+                     "dimensions")
+  if len(set(axes)) != len(axes) or not all(isinstance(a, str) for a in axes):
+    raise ValueError(f"sharding.mesh_axes must be distinct names, got {axes}")
+  for rule in items["logical_axis_rules"]:
+    if len(rule) != 2 or rule[0] not in LOGICAL_AXES:
+      raise ValueError(f"sharding.logical_axis_rules: {rule!r} must be (logical axis, mesh "
+                       f"axis | None) with a logical axis in {LOGICAL_AXES}")
+    targets = () if rule[1] is None else ((rule[1],) if isinstance(rule[1], str)
+                                          else tuple(rule[1]))
+    bad = [t for t in targets if t not in axes]
+    if bad:
+      raise ValueError(f"sharding.logical_axis_rules: {rule!r} maps to mesh axis {bad[0]!r},"
+                       f" which is not in sharding.mesh_axes {axes}")
+  if num_devices is not None:
+    resolve_mesh_shape(shape, num_devices)
+
+
+def check_batch_sizes(sharding_cfg: Any, num_devices: int, sizes: dict[str, int]) -> None:
+  """ValueError naming the field unless every batch size in `sizes` ({dotted field:
+  size}) divides into the batch shards of the mesh on `num_devices` devices."""
+  shape = resolve_mesh_shape(sharding_cfg.mesh_shape, num_devices)
+  dims = dict(zip(sharding_cfg.mesh_axes, shape))
+  shards = math.prod(dims[a] for a in batch_axes(sharding_cfg))
+  for name, size in sizes.items():
+    if size % shards:
+      raise ValueError(f"{name} ({size}) must be divisible by the {shards} batch shards of "
+                       f"the mesh {dims}")
 
 
 def batch_axes(sharding_cfg: Any) -> tuple[str, ...]:

@@ -81,14 +81,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # in ceu_jax.train.losses.LossConfig; override as --config.cer.<field>=...
   c.cer = common.cer_section()
 
-  c.eval = e = ml_collections.ConfigDict()
-  e.num_examples = 512 if tiny else 2048   # fixed evaluation set size
-  e.batch_size = 128                       # evaluation batch
-  e.seed = 1234                            # evaluation-set seed (same set for every cell)
-  e.corruptions = ("value_swap", "evidence_swap", "removal")  # D− kinds audited
-  e.chunk_size = 16                        # probes per vmapped chunk
+  # Evaluation and audits (SPEC §1, §5): every field the audit reads, its default, range
+  # and meaning is defined once in ceu_jax.audit_config.EvalSection (eval.eps is the ε of
+  # the audit's CEU, apart from cer.eps of the CER loss; eval.probe_chunk 'auto' = the
+  # engine's measured chunk rule); override as --config.eval.<field>=...
+  c.eval = e = common.eval_section(
+      num_examples=512 if tiny else 2048,  # fixed evaluation set size
+      batch_size=128,                      # evaluation batch
+      seed=1234)                           # evaluation-set seed (same set for every cell)
   e.best_metric = "em"                     # metric that picks the best checkpoint (em | nll | ceu_ev | supported_0.5)
-  e.num_resamples = 1000                   # bootstrap resamples of the final eval summary (0 = no CIs)
 
   c.sharding = common.sharding_section()
   return c

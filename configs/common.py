@@ -129,5 +129,14 @@ def sharding_section() -> ml_collections.ConfigDict:
 def cer_section(**overrides) -> ml_collections.ConfigDict:
   """The `cer` section: defaults from its one definition, `LossConfig` (every field
   documented and checked there)."""
-  from ceu_jax.train import fields, losses  # pylint: disable=import-outside-toplevel
+  from ceu_jax import fields  # pylint: disable=import-outside-toplevel
+  from ceu_jax.train import losses  # pylint: disable=import-outside-toplevel
   return fields.section(losses.LossConfig, **overrides)
+
+
+def eval_section(**overrides) -> ml_collections.ConfigDict:
+  """The `eval` section an audit reads: defaults from its one definition,
+  `ceu_jax.audit_config.EvalSection` (every field documented and checked there:
+  num_examples, batch_size, seed, corruptions, probe_chunk, eps, num_resamples)."""
+  from ceu_jax import audit_config, fields  # pylint: disable=import-outside-toplevel
+  return fields.section(audit_config.EvalSection, **overrides)

@@ -183,6 +183,41 @@ def test_training_eval_audit_job_and_grid_give_identical_rows(trained, tmp_path)
   assert final["summary"] == json.loads(json.dumps(summary["corruptions"]))
 
 
+def test_probe_chunk_does_not_change_the_rows(trained):
+  """eval.probe_chunk: 'auto' (the engine's measured rule; here one chunk of the three
+  probes ev, dis, control) and 2 (lax.map over two chunks, one padded) give the same
+  rows: flags exactly, log-likelihoods and their differences at 1e-6, so the setting is
+  free in the audit's record and in cell ids. The CEU ratios (L_int − L−) / (L+ − L−)
+  amplify a float error δ of their ingredients by about (|L+| + |L−| + |L_int|) / gap:
+  they are compared with that propagated bound, 1e-6 · (|L+| + |L−| + |L_int|) / gap
+  + 1e-6 (as tests/test_sharded_audit.py does at 1e-5)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from ceu_jax import auditor as auditor_lib  # pylint: disable=g-import-not-at-top
+  config, workdir = trained
+  variables = load_trained_params(config, workdir)
+  bundle, data = auditor_lib.audited_model(config), auditor_lib.eval_set(config)
+  auto = auditor_lib.AuditSettings.of_config(config)
+  assert auto.probe_chunk == "auto"
+  rows = {c: auditor_lib.Auditor(bundle, dataclasses.replace(auto, probe_chunk=c)).rows(
+      variables, data) for c in ("auto", 2)}
+  for corruption in data.corruptions:
+    a, b = rows["auto"][corruption], rows[2][corruption]
+    assert set(a) == set(b)
+    gap = np.abs(a["L_plus"] - a["L_minus"])
+    for col in a:
+      if a[col].dtype == bool or col == "example_id":
+        np.testing.assert_array_equal(b[col], a[col], err_msg=col)
+      elif col.startswith("ceu_"):
+        scale = np.abs(a["L_plus"]) + np.abs(a["L_minus"]) + np.abs(a[f"L_int_{col[4:]}"])
+        bound = 1e-6 * scale / np.maximum(gap, 1e-12) + 1e-6
+        assert np.array_equal(np.isnan(b[col]), np.isnan(a[col])), col
+        ok = ~np.isnan(a[col])
+        assert np.all(np.abs(b[col] - a[col])[ok] <= bound[ok]), col
+      else:
+        np.testing.assert_allclose(b[col], a[col], rtol=1e-6, atol=1e-6, err_msg=col)
+
+
 def test_one_read_port_with_retrieval_layers_all(tmp_path):
   """model.read_port picks THE port f for training, audits and the grid alike."""
   import numpy as np

@@ -391,7 +391,9 @@ def test_auto_chunk_size_matches_fixed_chunks_and_follows_the_rule():
   assert chunking.rule(budget // 3, 64, "cpu") == 2
   assert chunking.rule(budget * 2, 64, "cpu") == 1
   assert chunking.rule(1, 64, "cpu") == 64
-  assert chunking.rule(1, 5, "cpu") == 4
+  assert chunking.rule(1, 5, "cpu") == 5              # all K fit: one chunk, no padding
+  assert chunking.rule(budget // 3, 3, "cpu") == 3    # an audit's ev, dis, control
+  assert chunking.rule(budget // 2, 3, "cpu") == 2    # else a power of two
   assert chunking.rule(mib, 1000, "gpu") == chunking.MAX_CHUNK
   # The measured per-probe working set grows with the suffix after the site.
   w1, w0 = (chunking.per_probe_bytes(

@@ -52,6 +52,30 @@ def test_expand_product_and_zip():
   assert [c.cell_id for c in cells] == [c.cell_id for c in again]   # stable ids
 
 
+# Cell ids of configs/smoke.py:full as the main job's grid (runs/smoke, commit 9b8c54a)
+# named its cells: a grid directory from then keeps its finished cells.
+SMOKE_FULL_IDS = (
+    "09bc78e4fdf4", "157e408a1e77", "22b316d4cad2", "28c9cdd91c05", "35e241b18960",
+    "43430415ac50", "442e50ff8f4d", "79fb7bf1bf09", "7d36b873586e", "7fb1d371c67a",
+    "8234bc5fd634", "8f262ed3003b", "908f6d0531c6", "acc13e2a8b94", "bd6fa4176d80",
+    "d4d2dfbc016a", "ea8ce88f80ff", "fa3a869da03e")
+
+
+def test_cell_ids_survive_new_eval_settings():
+  """eval.probe_chunk and eval.eps (issue #34) left the main job's cell ids as they
+  were; the probe chunk never enters an id (rows do not depend on it), an eval.eps
+  other than cer.eps (the ε audits used before) makes another cell."""
+  from configs import smoke  # pylint: disable=g-import-not-at-top
+  cells = sweep.expand(smoke.get_config("full"))
+  assert tuple(sorted(c.cell_id for c in cells)) == SMOKE_FULL_IDS
+  config = cells[0].config
+  with config.ignore_type():
+    config.eval.probe_chunk = 4
+  assert sweep.cell_id(config) == cells[0].cell_id
+  config.eval.eps = 0.01
+  assert sweep.cell_id(config) != cells[0].cell_id
+
+
 @pytest.mark.parametrize("bad_sweep, match", [
     ((), "sweep is empty"),
     (((("model.nope", (1, 2)),),), r"grid cell 0 .*unknown field 'model.nope'"),

@@ -119,7 +119,7 @@ def test_strata_metrics_equal_numpy_on_the_subsets():
   rows["stratum_memorised"] = has_ev & mem
   rows["stratum_evidence_only"] = has_ev & ~mem
   rows["stratum_no_evidence"] = ~has_ev
-  settings = auditor_lib.AuditSettings(batch_size=64, chunk_size=16, eps=1e-3,
+  settings = auditor_lib.AuditSettings(batch_size=64, probe_chunk=16, eps=1e-3,
                                        num_resamples=200)
   row, _ = cell.summarize_condition(rows, settings)
   ok = has_ev & ~rows["degenerate"]

@@ -6,8 +6,8 @@ One chunk's working set is C times the per-probe working set w: the bytes of
 every value the loop body makes for one probe (Π_S on the clean run, the
 patched site and the suffix after it), measured from the hoisting split
 (`hoist.Split.body_bytes`, traced with C = 1; nothing is compiled). The
-rule: the largest power of two C with C · w ≤ budget(backend), at least 1
-and at most K; the budget is below.
+rule: all K probes in one chunk when K · w ≤ budget(backend) (K ≤ MAX_CHUNK), else
+the largest power of two C with C · w ≤ budget, at least 1; the budget is below.
 
 Why: vmapping C probes turns each suffix op into one op C times larger.
 Larger chunks amortise per-op overhead until the chunk's intermediates stop
@@ -40,9 +40,13 @@ def check(chunk_size: Any) -> None:
 
 
 def rule(per_probe_bytes: int, num_probes: int, backend: str | None = None) -> int:
-  """The largest power of two C with C · per_probe_bytes ≤ budget, in [1, K]."""
+  """K when all K probes fit the budget (one vmap, no padded probe: an audit's 3
+  probes are one chunk of 3, not two of 2), else the largest power of two C with
+  C · per_probe_bytes ≤ budget, in [1, K]."""
   backend = backend or jax.default_backend()
   budget = BUDGET.get(backend, BUDGET["gpu"])
+  if num_probes <= MAX_CHUNK and num_probes * max(per_probe_bytes, 1) <= budget:
+    return max(int(num_probes), 1)
   c = 1
   while (c * 2 <= min(num_probes, MAX_CHUNK)
          and c * 2 * max(per_probe_bytes, 1) <= budget):

@@ -39,8 +39,9 @@ from ceu_jax.pretrained import audit_nq
 from ceu_jax.finetune import objective as obj
 from ceu_jax.pretrained import lora as lora_lib
 from ceu_jax.pretrained.model import SmolLMConfig
+from ceu_jax import fields
+from ceu_jax import sharding as sharding_lib
 from ceu_jax.train import config as config_lib
-from ceu_jax.train import fields
 from ceu_jax.train.losses import LossConfig
 
 SECTIONS = ('seed', 'data', 'model', 'lora', 'train', 'cer', 'eval', 'sharding')
@@ -82,7 +83,7 @@ def model_layers(config: Any) -> int:
 
 def validate(config: Any) -> None:
   """ValueError naming the field for a bad config; nothing is loaded or compiled."""
-  top = config_lib.items_of(config)
+  top = fields.items_of(config)
   unknown = sorted(set(top) - set(SECTIONS))
   if unknown:
     raise ValueError(f'{unknown[0]} is an unknown config section; known: {SECTIONS}')
@@ -91,12 +92,12 @@ def validate(config: Any) -> None:
       raise ValueError(f'{name} is missing from the config')
   if not fields.is_int(top['seed']) or top['seed'] < 0:
     raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
-  config_lib._check_section('data', config.data, DATA_FIELDS)
-  config_lib._check_section('model', config.model, MODEL_FIELDS)
-  config_lib._check_section('lora', config.lora, LORA_FIELDS)
-  config_lib._check_section('train', config.train, config_lib.TRAIN_FIELDS)
-  config_lib._check_section('cer', config.cer, config_lib.CER_FIELDS)
-  config_lib._check_section('eval', config.eval, EVAL_FIELDS)
+  fields.check_section('data', config.data, DATA_FIELDS)
+  fields.check_section('model', config.model, MODEL_FIELDS)
+  fields.check_section('lora', config.lora, LORA_FIELDS)
+  fields.check_section('train', config.train, config_lib.TRAIN_FIELDS)
+  fields.check_section('cer', config.cer, config_lib.CER_FIELDS)
+  fields.check_section('eval', config.eval, EVAL_FIELDS)
   lora_lib.check_layer(config.model.read_layer, SmolLMConfig(n_layers=model_layers(config)),
                        'model.read_layer')
   c, t = config.cer, config.train
@@ -116,7 +117,7 @@ def validate(config: Any) -> None:
                      f'`evaluate`), got {t.eval_every}')
   if config.data.max_answer_tokens >= config.data.max_len:
     raise ValueError('data.max_answer_tokens must be < data.max_len')
-  config_lib._check_sharding(config.sharding, None)
+  sharding_lib.check_section(config.sharding)
 
 
 def loss_config(config: Any) -> LossConfig:

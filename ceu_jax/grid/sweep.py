@@ -75,11 +75,32 @@ def _axes(sweep) -> list[list[tuple[str, tuple]]]:
   return axes
 
 
+# Cell ids hash the eval section as it was written before eval.probe_chunk and
+# eval.eps existed (issue #34), so a grid directory from before keeps its cells:
+# the probe chunk does not change a cell's rows (one fixed value, the old
+# eval.chunk_size = 16, stands for every choice) and eval.eps enters the hash only
+# where it differs from cer.eps, the ε those audits used.
+LEGACY_PROBE_CHUNK = 16
+
+
+def _as_hashed_before_34(d: dict) -> dict:
+  e = d.get("eval")
+  if not isinstance(e, dict) or "probe_chunk" not in e:
+    return d
+  e = dict(e)
+  del e["probe_chunk"]
+  e["chunk_size"] = LEGACY_PROBE_CHUNK
+  cer_eps = (d.get("cer") or {}).get("eps")
+  if "eps" in e and cer_eps is not None and float(e["eps"]) == float(cer_eps):
+    del e["eps"]
+  return dict(d, eval=e)
+
+
 def canonical_json(cfg: ml_collections.ConfigDict) -> str:
   d = cfg.to_dict()
   for key in NON_CELL_FIELDS:
     d.pop(key, None)
-  return json.dumps(d, sort_keys=True, default=str)
+  return json.dumps(_as_hashed_before_34(d), sort_keys=True, default=str)
 
 
 def cell_id(cfg: ml_collections.ConfigDict) -> str:

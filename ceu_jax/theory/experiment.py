@@ -73,7 +73,7 @@ def _key(config, *tags: int) -> jax.Array:
 def _measure(config, tm, clean) -> dict[str, np.ndarray]:
   e = config.eval
   return measure.measure_set(tm, clean, str(e.corruption), _key(config, 1),
-                             batch_size=int(e.batch_size), chunk_size=int(e.chunk_size),
+                             batch_size=int(e.batch_size), probe_chunk=e.probe_chunk,
                              eps=float(e.eps))
 
 

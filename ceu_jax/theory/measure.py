@@ -69,7 +69,7 @@ def logits(tm: TrainedModel, batch: RetrievalBatch) -> np.ndarray:
 
 
 def measure_set(tm: TrainedModel, clean: RetrievalBatch, corruption: str,
-                key: jax.Array, *, batch_size: int = 128, chunk_size: int = 16,
+                key: jax.Array, *, batch_size: int = 128, probe_chunk: str | int = "auto",
                 eps: float = 1e-3) -> dict[str, np.ndarray]:
   """Per-example rows ([B] arrays) of one evaluation set under one corruption.
 
@@ -79,7 +79,7 @@ def measure_set(tm: TrainedModel, clean: RetrievalBatch, corruption: str,
   """
   corrupt = corruptions.corrupt(tm.data_cfg, clean, corruption, key)
   data = evalsets.FixedEvalSet(clean, {corruption: corrupt}, identity={})
-  settings = dataclasses.replace(tm.settings, batch_size=batch_size, chunk_size=chunk_size,
+  settings = dataclasses.replace(tm.settings, batch_size=batch_size, probe_chunk=probe_chunk,
                                  eps=eps)
   out = auditor_lib.Auditor(tm.audited, settings).rows(tm.variables, data)[corruption]
   gold = np.asarray(clean.answer)

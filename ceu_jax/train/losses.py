@@ -56,7 +56,7 @@ from ceu_jax.engine.sites import Site
 from ceu_jax.engine import scores as engine_scores
 from ceu_jax.likelihood import answer_correct, gold_loglik
 from ceu_jax.retrieval_adapter import ModelInputs
-from ceu_jax.train import fields as F
+from ceu_jax import fields as F
 
 REGULARIZERS = ("none", "evidence", "evidence_distractor")
 SWAP_FORMS = ("contrastive", "hinge")

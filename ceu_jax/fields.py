@@ -1,10 +1,12 @@
 """Typed config fields that carry their own check: one definition per field.
 
-A section of the training config is a frozen dataclass whose fields are made
-with `field(default, check, doc)`; `checks(cls)` derives the validator table
-that `ceu_jax.train.config.validate` applies ("<section>.<field> <message>,
-got <value>"), and `section(cls)` builds the default ConfigDict a config file
-starts from, so defaults, documentation and validation never drift apart.
+A config section (the training config's `cer`, the audit's `eval`) is a frozen
+dataclass whose fields are made with `field(default, check, doc)`; `checks(cls)`
+derives the validator table that `ceu_jax.train.config.validate` and
+`ceu_jax.audit_config.validate` apply ("<section>.<field> <message>, got
+<value>"), and `section(cls)` builds the default ConfigDict a config file starts
+from, so defaults, documentation and validation never drift apart. Pure Python
+(no JAX): training, audits and configs share it.
 
 A check is `check(value) -> None | str`: None when valid, else the error's
 predicate ("must be ..."), which names the allowed values or range.
@@ -53,9 +55,38 @@ def boolean(x: Any) -> str | None:
   return None if isinstance(x, bool) else "must be a bool"
 
 
-def field(default: Any, check: Check, doc: str) -> Any:
-  """A dataclass field with its check and a one-line description."""
-  return dataclasses.field(default=default, metadata={"check": check, "doc": doc})
+def items_of(section: Any) -> dict:
+  """A config section (ConfigDict or mapping) as a plain dict."""
+  if hasattr(section, "to_dict"):
+    return section.to_dict()
+  return dict(section)
+
+
+def check_section(name: str, section: Any, checks: Mapping[str, Check], *,
+                  strict: bool = True) -> None:
+  """ValueError "<name>.<field> <predicate>, got <value>" for the first bad field of
+  `section`; a field of `checks` it lacks is "<name>.<field> is missing". `strict`:
+  a field `checks` does not know is an error too (else it is left to its owner)."""
+  items = items_of(section)
+  unknown = sorted(set(items) - set(checks))
+  if strict and unknown:
+    raise ValueError(f"{name}.{unknown[0]} is an unknown field; known fields of {name}: "
+                     f"{sorted(checks)}")
+  missing = sorted(set(checks) - set(items))
+  if missing:
+    raise ValueError(f"{name}.{missing[0]} is missing")
+  for key, check in checks.items():
+    err = check(items[key])
+    if err:
+      raise ValueError(f"{name}.{key} {err}, got {items[key]!r}")
+
+
+def field(default: Any, check: Check, doc: str, *, any_type: bool = False) -> Any:
+  """A dataclass field with its check and a one-line description. `any_type`: its
+  values may be of several types (e.g. 'auto' or an int), so the ConfigDict field
+  takes any (a command line's `=8` is then the int 8): the check decides."""
+  return dataclasses.field(default=default, metadata={"check": check, "doc": doc,
+                                                      "any_type": any_type})
 
 
 def checks(cls: type) -> dict[str, Check]:
@@ -84,4 +115,7 @@ def section(cls: type, **overrides: Any):
   if unknown:
     raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}")
   values.update(overrides)
+  for f in dataclasses.fields(cls):
+    if f.metadata.get("any_type"):
+      values[f.name] = ml_collections.FieldReference(values[f.name], field_type=object)
   return ml_collections.ConfigDict(values)
