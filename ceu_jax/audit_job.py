@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from matplotlib.figure import Figure
 
-from ceu_jax import audit_config, io, jobs, plotting
+from ceu_jax import audit_config, io, jobs, multihost, plotting
 from ceu_jax import sharding as sharding_lib
 from ceu_jax import workdir as workdir_lib
 from ceu_jax import retrieval_adapter as adapter
@@ -108,11 +108,20 @@ class AuditJob(jobs.Job):
       plot_histograms(rows, ctx.path("plots"))
 
 
+def params_digest(variables: Any) -> str:
+  """The checkpoint digest of an audit's fingerprint: `evalsets.digest` of the
+  variables' global values, the same on every process and equal to the one-process
+  digest, wherever they are (host numpy, one device, or a mesh across processes with
+  model-parallel parameters: gathered by `multihost.to_host`, so every process must
+  call it)."""
+  return evalsets.digest(multihost.to_host(variables))
+
+
 def fingerprint(bundle: AuditedModel, settings: AuditSettings, variables: Any,
                 data: evalsets.FixedEvalSet) -> dict:
-  """What an audit's rows depend on (JSON); `variables` host-local (numpy)."""
+  """What an audit's rows depend on (JSON); `variables` anywhere (`params_digest`)."""
   return dict(site=str(bundle.site), approximate_span=bundle.approximate,
-              params_digest=evalsets.digest(variables), eval_set=dict(data.identity),
+              params_digest=params_digest(variables), eval_set=dict(data.identity),
               batch_size=settings.batch_size, probe_chunk=settings.probe_chunk,
               eps=settings.eps, probe_seed=settings.probe_seed)
 

@@ -8,6 +8,8 @@ the shutdown barrier fails too. `Synced` wraps a jitted function over global
 arrays: on its first call per signature it compiles ahead of time and `meet`s
 the other processes at a coordination-service barrier (no device collective,
 `BARRIER_TIMEOUT_S`) before running. With one process both are no-ops.
+`to_host` reads a tree of (possibly process-spanning) arrays as host numpy, the
+same on every process (a checkpoint's parameters, the audit's digest).
 
 Uses `jax._src.distributed.global_state.client` (jax has no public barrier that
 avoids a device collective: `multihost_utils.sync_global_devices` is one), so it
@@ -90,3 +92,36 @@ class Synced:
         meet(f"{self.name} compiled")
         self._seen.add(key)
     return self.fn(*args, **kwargs)
+
+
+def _gather(*xs):
+  return xs
+
+
+def to_host(tree: Any) -> Any:
+  """Every array leaf of `tree` as host numpy holding its global value, the same on
+  every process: host values and arrays this process holds whole (one device,
+  replicated, or only local devices) are read here; arrays split across processes
+  (model-parallel parameters on a multi-process mesh, which `np.asarray` refuses) are
+  first replicated in one program over their mesh (`Synced`), so with several
+  processes every process must call this with the same tree."""
+  leaves, treedef = jax.tree.flatten(tree)
+  split = [i for i, x in enumerate(leaves)
+           if isinstance(x, jax.Array) and not x.is_fully_addressable
+           and not x.is_fully_replicated]
+  if split:
+    from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+    parts = tuple(leaves[i] for i in split)
+    if not all(isinstance(x.sharding, NamedSharding) for x in parts):
+      raise TypeError("to_host: arrays split across processes must be laid out by a "
+                      "NamedSharding")
+    out = tuple(NamedSharding(x.sharding.mesh, PartitionSpec()) for x in parts)
+    gather = jax.jit(_gather, out_shardings=out)
+    for i, x in zip(split, Synced(gather, "to_host")(*parts)):
+      leaves[i] = x
+
+  def host(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(x.addressable_data(0))      # replicated: a local copy is whole
+    return np.asarray(x)
+  return jax.tree.unflatten(treedef, [host(x) for x in leaves])

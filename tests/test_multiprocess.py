@@ -1,4 +1,5 @@
-"""Issue #20.1: training in two processes joined by jax.distributed (CPU, gloo).
+"""Issue #20.1: training in two processes joined by jax.distributed (CPU, gloo);
+issue #34.7: the audit's checkpoint digest of model-parallel parameters there.
 
 Two local processes, each with 4 fake CPU devices, join a localhost coordinator
 (`experiments.train --coordinator_address/--num_processes/--process_id`) and
@@ -156,6 +157,25 @@ def test_two_processes_tiny(tmp_path):
   _assert_both_wrote(two, 3)
   _assert_close_metrics(metric_rows(two), metric_rows(one))
   _assert_params_close(_params(two, 3), _params(one, 3))
+
+
+def test_audit_digest_of_model_parallel_parameters_in_two_processes(tmp_path):
+  """Issue #34.7: the audit's checkpoint digest (`audit_job.params_digest`) of
+  parameters laid out model-parallel on a 2 x 4 mesh across two processes, where
+  `np.asarray` of a parameter fails: both processes get the same digest, equal to
+  the one-process digest of the same parameters (computed here). No training: the
+  parameters are numpy draws of the model's shapes (tests/_digest_worker.py)."""
+  from ceu_jax import audit_job  # pylint: disable=g-import-not-at-top
+  from tests import _digest_worker as worker  # pylint: disable=g-import-not-at-top
+  res = launch([os.path.join("tests", "_digest_worker.py")], str(tmp_path), tag="digest",
+               timeout=300)
+  assert all(r.returncode == 0 for r in res), describe_all(res)
+  want = audit_job.params_digest(worker.host_variables(worker.config()))
+  lines = [next(ln for ln in r.stdout.splitlines() if ln.startswith("DIGEST ")) for r in res]
+  for line in lines:
+    got = dict(kv.split("=") for kv in line.split()[1:])
+    assert got["asarray_refused"] == "True" and int(got["split_leaves"]) > 0, line
+    assert got["placed"] == got["host"] == want, (line, want)
 
 
 @pytest.mark.slow

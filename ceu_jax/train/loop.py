@@ -32,6 +32,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from ceu_jax import multihost
 from ceu_jax import progress as progress_lib
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.train import checkpoint as ckpt_lib
@@ -387,7 +388,8 @@ def load_checkpoint(config: Any, workdir: str, *, model: nn.Module | None = None
   init_fn = state_lib.boxed_init_fn(task.model, tx, task.dummy_inputs)
   abstract, _ = sharding_lib.state_layout(init_fn, jax.random.PRNGKey(0), mesh, rules)
   state, step, meta = restore_read_only(config, workdir, abstract)
-  return LoadedCheckpoint(variables={"params": jax.device_get(state.params)}, step=int(step),
+  # Host numpy on every process (parameters split across processes are gathered).
+  return LoadedCheckpoint(variables={"params": multihost.to_host(state.params)}, step=int(step),
                           meta=dict(meta), run=workdir_lib.run_info(workdir))
 
 
