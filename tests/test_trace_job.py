@@ -74,7 +74,8 @@ def test_resume_and_config_check(tmp_path):
 
 @pytest.mark.parametrize('field,value,match', [
     ('tau_sim', 1.5, 'tau_sim'), ('lam', -0.1, 'lam'), ('taus', ('flip',), 'taus'),
-    ('world', 'mars', 'world'), ('n_items', 0, 'n_items'), ('items_per_chunk', 0, 'items_per_chunk')])
+    ('world', 'mars', 'world'), ('n_items', 0, 'n_items'),
+    ('items_per_chunk', 0, 'items_per_chunk')])
 def test_bad_config_fails_before_any_work(tmp_path, field, value, match):
   c = cfgs.get_config('tiny')
   with c.unlocked():
