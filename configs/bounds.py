@@ -75,7 +75,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   e.batch_size = 16 if micro else 128      # examples per forward / audit call
   e.seed = 9000 + a.seed                   # eval-set seed (same sets for every model)
   e.corruption = "evidence_swap"           # D− for CEU_ev (α) and the swap margin (γ)
-  e.probe_chunk = "auto"                   # probes per vmapped chunk ('auto': the engine's rule)
+  e.probe_chunk = ml_collections.FieldReference(  # probes per vmapped chunk: 'auto' (the
+      "auto", field_type=object)           # engine's rule) or an int (=8 on a command line)
   e.eps = 1e-3                             # ε of the stabilised CEU (degenerate below)
   e.num_resamples = 100 if micro else 1000  # bootstrap resamples for every CI
 
