@@ -170,6 +170,31 @@ def pytest_addoption(parser):
   parser.addoption("--write-module-seconds", action="store_true",
                    help="write each module's measured seconds (setup + call + teardown of "
                         "its tests) to tests/module_seconds.json (the order of the next runs)")
+  parser.addoption("--compile-seconds", metavar="PATH", default=None,
+                   help="write per module the seconds this process spent tracing, lowering "
+                        "and compiling (jax.monitoring events; not counting subprocesses) to "
+                        "PATH.<worker>.json: where a module's time goes")
+
+
+# jax.monitoring event -> short name, for --compile-seconds.
+COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+                  "/jax/core/compile/backend_compile_duration": "compile"}
+_compile_seconds: dict = collections.defaultdict(lambda: collections.defaultdict(float))
+_current_module = ["(collection)"]
+
+
+def pytest_configure(config):
+  if config.getoption("--compile-seconds", default=None):
+    def listen(event: str, duration: float, **kwargs) -> None:
+      del kwargs
+      if event in COMPILE_EVENTS:
+        _compile_seconds[_current_module[0]][COMPILE_EVENTS[event]] += duration
+    jax.monitoring.register_event_duration_secs_listener(listen)
+
+
+def pytest_runtest_setup(item):
+  _current_module[0] = _module(item.nodeid)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -188,12 +213,21 @@ _measured: dict = collections.defaultdict(float)
 
 def pytest_runtest_logreport(report):
   _measured[_module(report.nodeid)] += report.duration
+  if report.when == "call":
+    _compile_seconds[_module(report.nodeid)]["total"] += 0.0   # listed even if 0
 
 
 def pytest_sessionfinish(session, exitstatus):
   del exitstatus
   if _MADE_CACHE:
     shutil.rmtree(_MADE_CACHE, ignore_errors=True)
+  path = session.config.getoption("--compile-seconds")
+  if path and _compile_seconds:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    data = {m: {k: round(v, 2) for k, v in d.items() if k != "total"} | {
+        "measured": round(_measured.get(m, 0.0), 1)} for m, d in _compile_seconds.items()}
+    with open(f"{path}.{worker}.json", "w") as f:
+      json.dump(data, f, indent=1)
   if (session.config.getoption("--write-module-seconds") and _measured
       and not os.environ.get("PYTEST_XDIST_WORKER")):
     data = {k: round(v, 1) for k, v in sorted(_measured.items(), key=lambda kv: -kv[1])}
