@@ -17,6 +17,7 @@ import textwrap
 
 import numpy as np
 
+from tests.test_multiprocess_helpers import subprocess_xla_flags
 from tests.test_train_helpers import REPO, TINY_CONFIG, describe, metric_rows, run_train
 
 # kv (per-head / slot features) and mlp split over `model`; everything else replicated.
@@ -117,7 +118,7 @@ def _env(devices: int) -> dict:
   env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env["JAX_PLATFORMS"] = "cpu"
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = subprocess_xla_flags(devices)   # the session's flags + fake devices
   return env
 
 
