@@ -202,6 +202,8 @@ def pytest_configure(config):
       del kwargs
       if event in COMPILE_EVENTS:
         _compile_seconds[_current_module[0]][COMPILE_EVENTS[event]] += duration
+        if COMPILE_EVENTS[event] == "compile":     # many small ones: op-by-op (eager) code
+          _compile_seconds[_current_module[0]]["programs"] += 1
     jax.monitoring.register_event_duration_secs_listener(listen)
 
 

@@ -41,8 +41,9 @@ def test_chunked_scan_equals_sequential_values_and_grads(l, chunk, reverse):
   fast = lambda a, b: jnp.sum(w * ssm_scan.chunked_scan(a, b, reverse, chunk))
   ref = lambda a, b: jnp.sum(w * ssm.sequential_scan(a, b, reverse))
   np.testing.assert_allclose(ssm_scan.chunked_scan(a, b, reverse, chunk),
-                             ssm.sequential_scan(a, b, reverse), **TOL)
-  for got, want in zip(jax.grad(fast, (0, 1))(a, b), jax.grad(ref, (0, 1))(a, b)):
+                             jax.jit(ssm.sequential_scan, static_argnums=2)(a, b, reverse), **TOL)
+  for got, want in zip(jax.jit(jax.grad(fast, (0, 1)))(a, b),
+                       jax.jit(jax.grad(ref, (0, 1)))(a, b)):
     np.testing.assert_allclose(got, want, **TOL)
 
 
@@ -75,9 +76,9 @@ def test_chunked_readout_equals_sequential_values_and_grads(l, chunk, restarts):
                                                 chunk))
 
   ref = lambda g, c_out: jnp.sum(w * _reference_readout(g, c_out))
-  np.testing.assert_allclose(jax.jit(fast)(g, c_out), ref(g, c_out), **TOL)
+  np.testing.assert_allclose(jax.jit(fast)(g, c_out), jax.jit(ref)(g, c_out), **TOL)
   (got_g, got_c), (want_g, want_c) = (jax.jit(jax.grad(fast, (0, 1)))(g, c_out),
-                                      jax.grad(ref, (0, 1))(g, c_out))
+                                      jax.jit(jax.grad(ref, (0, 1)))(g, c_out))
   np.testing.assert_allclose(got_c, want_c, **TOL, err_msg="c_out")
   for name in FACTORS:
     np.testing.assert_allclose(getattr(got_g, name), getattr(want_g, name), **TOL,
@@ -93,7 +94,7 @@ def test_chunked_readout_long_decay_underflows_to_zero():
   grads = jax.grad(lambda dt: jnp.sum(ssm_scan.chunked_readout(
       dt, g.dtx, g.b_in, g.rate, None, c_out)))(g.dt)
   assert bool(jnp.isfinite(y).all()) and bool(jnp.isfinite(grads).all())
-  np.testing.assert_allclose(y, _reference_readout(g, c_out), **TOL)
+  np.testing.assert_allclose(y, jax.jit(_reference_readout)(g, c_out), **TOL)
 
 
 def test_chunked_readout_under_vmap():
@@ -103,8 +104,8 @@ def test_chunked_readout_under_vmap():
   f = lambda c: jnp.sum(jnp.sin(ssm_scan.chunked_readout(g.dt, g.dtx, g.b_in, g.rate,
                                                          g.keep, c)))
   ref = lambda c: jnp.sum(jnp.sin(_reference_readout(g, c)))
-  np.testing.assert_allclose(jax.vmap(jax.grad(f))(c_out), jax.vmap(jax.grad(ref))(c_out),
-                             **TOL)
+  np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(f)))(c_out),
+                             jax.jit(jax.vmap(jax.grad(ref)))(c_out), **TOL)
 
 
 # ------------------------------------------------------------------ the read port's contributions
@@ -140,11 +141,11 @@ def test_gate_contributions_equal_the_suffix_scan_values_and_grads(kind):
     con = ssm.slot_contributions(a, bx, pid, p, True, "sequential")
     return jnp.sum(w * con.states()) + jnp.sum(w ** 2 * con.states(span)), con.terms
 
-  (v_fast, terms), (v_ref, terms_ref) = jax.jit(fast)(g), ref(g)
+  (v_fast, terms), (v_ref, terms_ref) = jax.jit(fast)(g), jax.jit(ref)(g)
   np.testing.assert_allclose(terms, terms_ref, **TOL)
   np.testing.assert_allclose(v_fast, v_ref, **TOL)
   got = jax.jit(jax.grad(lambda g: fast(g)[0]))(g)
-  want = jax.grad(lambda g: ref(g)[0])(g)
+  want = jax.jit(jax.grad(lambda g: ref(g)[0]))(g)
   for name in FACTORS:
     np.testing.assert_allclose(getattr(got, name), getattr(want, name), **TOL, err_msg=name)
 
@@ -166,8 +167,9 @@ def test_ssm_model_chunked_equals_sequential_logits_and_grads():
   loss = {k: (lambda m: lambda p: jnp.sum(jnp.tanh(m.apply(p, *x))))(m)
           for k, m in models.items()}
   np.testing.assert_allclose(jax.jit(models["chunked"].apply)(params, *x),
-                             models["sequential"].apply(params, *x), **TOL)
-  got, want = jax.jit(jax.grad(loss["chunked"]))(params), jax.grad(loss["sequential"])(params)
+                             jax.jit(models["sequential"].apply)(params, *x), **TOL)
+  got, want = (jax.jit(jax.grad(loss["chunked"]))(params),
+               jax.jit(jax.grad(loss["sequential"]))(params))
   for path, g_leaf in jax.tree_util.tree_leaves_with_path(got):
     w_leaf = want
     for k in path:
