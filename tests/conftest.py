@@ -26,18 +26,6 @@ def _session_compilation_cache() -> str:
   return path
 
 
-def _session_xla_flags() -> None:
-  """XLA's CPU fusion emitters off for the test session (inherited by subprocesses; a
-  user's own setting of the flag is kept): with most optimisations off (the compile-bound
-  modules) they take most of a compile — the jitted CER loss-and-gradients of a small ssm
-  compiles in 3.1 s instead of 7.0 s (2 cores); run time unchanged."""
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_cpu_use_fusion_emitters" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} {SESSION_XLA_FLAGS}".strip()
-
-
-SESSION_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
-_session_xla_flags()
 CACHE_MIN_COMPILE_S = 0.1   # programs that compile faster are not worth a disk round trip
 _MADE_CACHE = None          # the directory this process made (removed at the session's end)
 SESSION_CACHE = _session_compilation_cache()

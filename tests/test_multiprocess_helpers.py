@@ -18,8 +18,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def subprocess_xla_flags(devices: int) -> str:
-  """XLA_FLAGS of a subprocess with `devices` fake CPU devices: this process's flags (the
-  test session's, tests/conftest.py) plus the device count."""
+  """XLA_FLAGS of a subprocess with `devices` fake CPU devices: this process's XLA_FLAGS
+  (a user's settings are kept) plus the device count."""
   count = f"--xla_force_host_platform_device_count={devices}" if devices > 1 else ""
   return f"{os.environ.get('XLA_FLAGS', '')} {count}".strip()
 
@@ -46,7 +46,7 @@ def env_for(devices: int, cache_dir: str | None = None, fast_compile: bool = Fal
   env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env["JAX_PLATFORMS"] = "cpu"
-  env["XLA_FLAGS"] = subprocess_xla_flags(devices)   # the session's flags + fake devices
+  env["XLA_FLAGS"] = subprocess_xla_flags(devices)   # inherited XLA_FLAGS + fake devices
   for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_NTASKS",
             "OMPI_COMM_WORLD_SIZE"):
     env.pop(k, None)

@@ -118,7 +118,7 @@ def _env(devices: int) -> dict:
   env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env["JAX_PLATFORMS"] = "cpu"
-  env["XLA_FLAGS"] = subprocess_xla_flags(devices)   # the session's flags + fake devices
+  env["XLA_FLAGS"] = subprocess_xla_flags(devices)   # inherited XLA_FLAGS + fake devices
   return env
 
 
