@@ -9,7 +9,10 @@ Training is the project's loop (`ceu_jax.train.loop.train_and_evaluate` with the
 exit codes (75 after SIGTERM with a checkpoint saved, 65 on a non-finite loss).
 `--eval=base` evaluates the untrained base model instead (no training);
 `--eval=none` only trains. Evaluation writes <workdir>/eval_{trained|base}/ (`cer_eval`).
-The table and the before/after layer profile of several runs:
+The tables and the before/after layer profile of several runs, from their eval_*/ files
+only (summary.json and the per-item rows in batches/; no model is loaded, nothing is
+retrained): per-run metrics, robustness, the paired differences of every two runs on
+their shared held-out items (later − earlier) and the H1 / H2 verdicts (`finetune.paired`):
   python -m experiments.train_smollm2_cer --config configs/smollm2_cer.py:cpu --workdir runs/report \
       --report=base=runs/smollm2_base/eval_base/summary.json,ft=runs/smollm2_ft/eval_trained/summary.json,cer=runs/smollm2_cer/eval_trained/summary.json
 """
@@ -34,7 +37,9 @@ flags.DEFINE_list("allow_config_change", [], "Training fields that may differ fr
 flags.DEFINE_enum("eval", "trained", ["trained", "base", "none"],
                   "Evaluate the trained checkpoint, the base model (no training), or nothing.")
 flags.DEFINE_list("report", [], "Instead of training: label=path/to/eval_*/summary.json "
-                  "entries; writes <workdir>/table.md and layer_profiles.png of them.")
+                  "entries; writes <workdir>/table.md (per-run tables, and the paired "
+                  "differences of every pair on their shared items from the per-item rows "
+                  "beside each summary) and layer_profiles.png of them. No model is loaded.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -46,7 +51,8 @@ def main(argv: list[str]) -> None:
     bad = [e for e in entries if len(e) != 2]
     if bad:
       raise ValueError(f"--report entries must be label=path, got {bad[0]}")
-    print(cer_eval.report(entries, FLAGS.workdir))
+    print(cer_eval.report(entries, FLAGS.workdir, seed=int(FLAGS.config.seed),
+                          num_resamples=int(FLAGS.config.eval.num_resamples)))
     return
   try:
     cer_eval.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,

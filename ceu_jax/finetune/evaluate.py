@@ -17,8 +17,10 @@ another item's evidence sentence). Every aggregate carries a bootstrap 95% CI
 and its n.
 
 Outputs in <workdir>/eval_{trained|base}/ (atomic writes; a rerun skips finished
-batches): batches/*.json, summary.json (metrics + per-layer profile), and
-plots/layer_profile.{png,pdf} (`audit_nq.plot_profile`).
+batches): batches/*.json (the per-item rows), summary.json (metrics + per-layer
+profile), and plots/layer_profile.{png,pdf} (`audit_nq.plot_profile`). `report`
+tabulates several evaluations from these files alone, with the paired differences of
+every two runs on their shared items (`finetune.paired`).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import numpy as np
 import jax
 
 from ceu_jax import io
+from ceu_jax.finetune import paired
 from ceu_jax.finetune import task as cer_task
 from ceu_jax.metrics import mean_ci
 from ceu_jax.metrics.text import exact_match, token_f1
@@ -169,11 +172,16 @@ def _cell(a: dict) -> str:
   return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
 
 
-def report(entries: list[tuple[str, str]], out_dir: str) -> str:
-  """Markdown table (95% CIs, n) and one CEU_ev-by-layer plot of several evaluations.
+def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
+           num_resamples: int = 1000) -> str:
+  """Markdown tables (95% CIs, n) and one CEU_ev-by-layer plot of several evaluations.
 
-  entries: (label, path of an eval_*/summary.json). Writes out_dir/table.md and
-  out_dir/layer_profiles.{png,pdf}; returns the table.
+  entries: (label, path of an eval_*/summary.json). Reads only those files and the
+  per-item rows beside them (no model is loaded). Writes out_dir/table.md and
+  out_dir/layer_profiles.{png,pdf}; returns the tables: one row per run, the
+  robustness table, and the paired differences of every pair of runs on their shared
+  items with the H1 / H2 verdicts (`finetune.paired.section`; `seed`, `num_resamples`
+  of its bootstrap).
   """
   from matplotlib.figure import Figure
 
@@ -197,6 +205,9 @@ def report(entries: list[tuple[str, str]], out_dir: str) -> str:
         cells += [_cell(r['em']), _cell(r['f1'])] if r else ['n/a', 'n/a']
       lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
   table = '\n'.join(lines) + '\n'
+  pair_text = paired.section(entries, seed=seed, num_resamples=num_resamples)
+  if pair_text:
+    table += '\n' + pair_text
   os.makedirs(out_dir, exist_ok=True)
   io.write_text_atomic(os.path.join(out_dir, 'table.md'), table)
   fig = Figure(figsize=(7, 4))

@@ -1,0 +1,195 @@
+"""Paired comparisons of SmolLM2 CER evaluations (base vs baseline vs CER) on shared items (#33).
+
+Every evaluation of one `configs/smollm2_cer.py` variant scores the same held-out pairs
+(`eval.num_examples` of `data.eval_split`), and `evaluate.evaluate_reader` keeps its
+per-item rows in <workdir>/eval_{trained|base}/batches/ (clean: <b>.json, one row per
+item × layer; robustness: delta_<δ>_<b>.json, one row per item). Two evaluations A, B
+are paired by item id on the items both scored; per metric the difference B − A has a
+paired percentile-bootstrap 95% CI over those items (the same resampled indices for
+both arms) — the grid's machinery, not a second one: `claims.paired` for the bootstrap
+and `grid.paired.item_pairs` for what a metric is on an item:
+
+  em, f1, nll (−log p(y* | D+)) every item;
+  supported    EM correct and CEU_ev ≥ 0.5 on a non-degenerate gap;
+  ceu_ev       the §1 mean: items whose gap is non-degenerate in BOTH arms;
+  ceu_ev_fixed every item, a degenerate gap counted as 0 (a fixed denominator);
+  ceu_dis      §1 mean over items with a distractor span, non-degenerate in both;
+  em δ=…, f1 δ=… the robustness EM / F1 under distractor injection at each δ_test.
+
+One training seed per run, so a verdict is decided by the paired 95% CI (`claims.RULE`
+with one seed): SPEC §6's H2 for every (baseline, CER) pair, both denominators, and H1
+for every baseline (`grid.paired.h2_claims` / `h1_claims`, their thresholds).
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+from ceu_jax import claims, io
+from ceu_jax.grid import paired as grid_paired
+from ceu_jax.metrics.resampling import fmt_ci
+
+MODEL = 'SmolLM2-135M'
+GRID_METRICS = ('em', 'supported', 'ceu_ev', 'ceu_ev_fixed', 'ceu_dis')  # item_pairs's
+LABELS = {'ceu_ev': 'ceu_ev (§1: non-degenerate in both)',
+          'ceu_ev_fixed': 'ceu_ev_fixed (degenerate = 0)',
+          'ceu_dis': 'ceu_dis (§1: non-degenerate in both)'}
+_CLEAN = re.compile(r'^\d+\.json$')
+_DELTA = re.compile(r'^delta_(.+)_\d+\.json$')
+
+
+def _num(v) -> float:
+  return float('nan') if v is None else float(v)
+
+
+def items_from_rows(rows: Sequence[dict], read_layer: int,
+                    robust: dict[str, Sequence[dict]] | None = None) -> dict[str, np.ndarray]:
+  """Per-item arrays, sorted by id, of an evaluation's clean rows at `read_layer` (the
+  trained port) and its robustness rows {δ: rows}: `grid.paired.load_examples`'s fields
+  (example_id, correct, has_evidence, dis_found, degenerate, ceu_ev, ceu_dis; NaN where
+  degenerate or without a span) plus f1, nll and 'em δ=<δ>' / 'f1 δ=<δ>' (NaN for an
+  item without a row)."""
+  at = sorted((r for r in rows if int(r['layer']) == int(read_layer)), key=lambda r: r['id'])
+  if not at:
+    raise ValueError(f'no per-item rows at the read layer {read_layer}')
+  out = dict(example_id=np.asarray([r['id'] for r in at]))
+  out['correct'] = np.asarray([float(r['em']) == 1.0 for r in at])
+  for key, field in (('has_evidence', 'has_ev'), ('dis_found', 'has_dis'),
+                     ('degenerate', 'degenerate')):
+    out[key] = np.asarray([bool(r.get(field, True)) for r in at])
+  for key in ('ceu_ev', 'ceu_dis', 'em', 'f1'):
+    out[key] = np.asarray([_num(r[key]) for r in at])
+  out['nll'] = np.asarray([-float(r['L_plus']) for r in at])
+  for d, rs in sorted((robust or {}).items(), key=lambda kv: float(kv[0])):
+    by_id = {r['id']: r for r in rs}
+    for m in ('em', 'f1'):
+      out[f'{m} δ={d}'] = np.asarray([_num(by_id.get(i, {}).get(m)) for i in out['example_id']])
+  return out
+
+
+def load_items(eval_dir: str, read_layer: int | None = None) -> dict[str, np.ndarray] | None:
+  """`items_from_rows` of <eval_dir>/batches/ (read_layer from its summary.json when
+  None); None when the directory holds no per-item rows."""
+  bdir = os.path.join(eval_dir, 'batches')
+  names = sorted(os.listdir(bdir)) if os.path.isdir(bdir) else []
+  if not any(_CLEAN.match(n) for n in names):
+    return None
+  if read_layer is None:
+    read_layer = int(io.read_json(os.path.join(eval_dir, 'summary.json'))['read_layer'])
+  rows, robust = [], {}
+  for n in names:
+    m = _DELTA.match(n)
+    if _CLEAN.match(n):
+      rows += io.read_json(os.path.join(bdir, n))
+    elif m:
+      robust.setdefault(m.group(1), []).extend(io.read_json(os.path.join(bdir, n)))
+  return items_from_rows(rows, read_layer, robust)
+
+
+def shared(a: dict, b: dict) -> tuple[dict, dict]:
+  """Both arms restricted to the items both scored, in the same (id) order."""
+  ids = np.intersect1d(a['example_id'], b['example_id'])
+  take = lambda x: {k: v[np.searchsorted(x['example_id'], ids)] for k, v in x.items()}
+  return take(a), take(b)
+
+
+def metrics_of(*arms: dict) -> list[str]:
+  """The metrics every arm has: the grid's, f1, nll, then the robustness columns."""
+  extra = [k for k in arms[0] if ' δ=' in k and all(k in x for x in arms)]
+  return ['em', 'f1', 'nll', 'supported', 'ceu_ev', 'ceu_ev_fixed', 'ceu_dis'] + extra
+
+
+def item_pairs(metric: str, a: dict, b: dict) -> tuple[np.ndarray, np.ndarray]:
+  """(values in A, values in B) of `metric` on A's and B's shared items."""
+  a, b = shared(a, b)
+  if metric in GRID_METRICS:
+    return grid_paired.item_pairs(metric, a, b)
+  x, y = a[metric], b[metric]
+  keep = np.isfinite(x) & np.isfinite(y)
+  return x[keep], y[keep]
+
+
+def compare(a: dict, b: dict, *, seed: int = 0, num_resamples: int = 1000,
+            label: str = 'run') -> dict[str, claims.Difference]:
+  """{metric: B − A} (one seed, `label`), paired over the shared items."""
+  return {m: claims.paired(m, [(label, *item_pairs(m, b, a))], seed=seed,
+                           num_resamples=num_resamples) for m in metrics_of(a, b)}
+
+
+def comparisons(arms: Sequence[tuple[str, dict]], **kw) -> list[dict]:
+  """Every pair of arms in the given order, later − earlier: [{a, b, diffs}]."""
+  return [dict(a=la, b=lb, diffs=compare(xa, xb, **kw))
+          for i, (la, xa) in enumerate(arms) for lb, xb in arms[i + 1:]]
+
+
+def table(comps: Sequence[dict]) -> str:
+  """Markdown: one row per metric, one column per comparison (paired Δ [95% CI] n)."""
+  metrics = list(dict.fromkeys(m for c in comps for m in c['diffs']))
+  lines = ['| metric | ' + ' | '.join(f"{c['b']} − {c['a']}" for c in comps) + ' |',
+           '|---|' + '---|' * len(comps)]
+  for m in metrics:
+    cells = []
+    for c in comps:
+      d = c['diffs'].get(m)
+      s = d.per_seed[0].diff if d is not None and d.per_seed else None
+      cells.append('n/a' if s is None or s.value is None
+                   else f'{fmt_ci(s, 3, signed=True)} n={s.n}')
+    lines.append(f'| {LABELS.get(m, m)} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def verdicts(arms: Sequence[tuple[str, dict]], roles: dict[str, str], *, seed: int = 0,
+             num_resamples: int = 1000) -> list[claims.Claim]:
+  """H1 for every baseline arm and H2 (both denominators) for every (baseline, CER) pair,
+  decided by `claims.RULE` with one seed. roles: label -> 'base' | 'baseline' | 'cer'."""
+  kw = dict(seed=seed, num_resamples=num_resamples)
+  by = dict(arms)
+  base = [l for l, _ in arms if roles.get(l) == 'baseline']
+  cer = [l for l, _ in arms if roles.get(l) == 'cer']
+  h1 = grid_paired.h1_claims(
+      None, [dict(config={'model.family': f'{MODEL} {l}'}, cell_id=l) for l in base],
+      load=lambda _, cell: by[cell], **kw)
+  comps = [dict(name=MODEL, variant=f'{c} vs {b}', diffs=compare(by[b], by[c], **kw))
+           for b in base for c in cer]
+  return h1 + grid_paired.h2_claims(comps)
+
+
+def role(summary_path: str, summary: dict) -> str | None:
+  """'base' (an untrained evaluation), 'baseline' (cer.regularizer none) or 'cer', from
+  the run's config.json beside eval_*/; None when it cannot be told."""
+  if not summary.get('trained', True):
+    return 'base'
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(summary_path))),
+                      'config.json')
+  if not os.path.exists(path):
+    return None
+  reg = io.read_json(path).get('cer', {}).get('regularizer')
+  return None if reg is None else ('baseline' if reg == 'none' else 'cer')
+
+
+def section(entries: Sequence[tuple[str, str]], *, seed: int = 0,
+            num_resamples: int = 1000) -> str:
+  """The report's paired section for (label, eval_*/summary.json) entries: the table of
+  every pair and the claims, or a line saying which entry has no per-item rows."""
+  arms: list[tuple[str, Any]] = []
+  roles = {}
+  for label, path in entries:
+    items = load_items(os.path.dirname(path))
+    if items is None:
+      return (f'Paired comparisons: no per-item rows beside {path} (batches/); rerun '
+              'its evaluation (finished batches are kept) to get them.\n')
+    arms.append((label, items))
+    roles[label] = role(path, io.read_json(path))
+  if len(arms) < 2:
+    return ''
+  kw = dict(seed=seed, num_resamples=num_resamples)
+  out = ['Paired differences on the shared held-out items (later − earlier run; paired '
+         f'bootstrap 95% CI over items, {num_resamples} resamples, seed {seed}; n = items '
+         'paired):', '', table(comparisons(arms, **kw))]
+  cs = verdicts(arms, roles, **kw)
+  if cs:
+    out += ['', claims.table(cs)]
+  return '\n'.join(out) + '\n'
