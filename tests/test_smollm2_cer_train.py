@@ -132,9 +132,17 @@ def test_held_out_evaluation_smoke(ref):
   assert s['supported_0.5']['value'] <= s['em']['value']
   assert [e['layer'] for e in s['profile']['per_layer']] == [0, 1]
   assert os.path.exists(os.path.join(out, 'plots', 'layer_profile.png'))
-  from ceu_jax.finetune import evaluate as cer_eval  # pylint: disable=g-import-not-at-top
-  table = cer_eval.report([('tiny', os.path.join(out, 'summary.json'))],
-                          str(ref['dir'] / 'report'))
+  # The report-only path (no model loaded) on the run's files, the evaluation given twice:
+  # two identical arms, so every paired difference is 0 with the CI [0, 0].
+  summary = os.path.join(out, 'summary.json')
+  proc = run_train(CONFIG, str(ref['dir'] / 'report'), f'--report=tiny={summary},again={summary}',
+                   module=MODULE)
+  assert proc.returncode == 0, describe(proc)
+  with open(ref['dir'] / 'report' / 'table.md') as f:
+    table = f.read()
   assert f"| tiny (step {STEPS}) | 8 | {s['em']['value']:.3f}" in table
   assert 'em δ=0.9' in table
+  assert '| metric | again − tiny |' in table
+  assert '| em | +0.000 [+0.000, +0.000] n=8 |' in table
+  assert '| f1 δ=0.9 | +0.000 [+0.000, +0.000] n=8 |' in table
   assert os.path.exists(ref['dir'] / 'report' / 'layer_profiles.png')
