@@ -7,8 +7,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import tempfile
+import time
 from typing import Callable, Iterator
 
 
@@ -174,6 +176,11 @@ def pytest_addoption(parser):
                    help="write per module the seconds this process spent tracing, lowering "
                         "and compiling (jax.monitoring events; not counting subprocesses) to "
                         "PATH.<worker>.json: where a module's time goes")
+  parser.addoption("--cpu-seconds", metavar="PATH", default=None,
+                   help="write per test the CPU seconds (user + system) of this process and "
+                        "of the subprocesses it waited for, and the wall seconds, to "
+                        "PATH.<worker>.json: a profile that other load on the machine "
+                        "inflates far less than wall time")
 
 
 # jax.monitoring event -> short name, for --compile-seconds.
@@ -193,6 +200,30 @@ def pytest_configure(config):
         if COMPILE_EVENTS[event] == "compile":     # many small ones: op-by-op (eager) code
           _compile_seconds[_current_module[0]]["programs"] += 1
     jax.monitoring.register_event_duration_secs_listener(listen)
+
+
+def _cpu_now() -> tuple[float, float, float]:
+  """(own CPU s, waited-for children's CPU s, wall s) of this process now."""
+  me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+      resource.RUSAGE_CHILDREN)
+  return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime, time.perf_counter()
+
+
+_cpu_seconds: dict = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """--cpu-seconds: the CPU time of each test (setup, call and teardown)."""
+  del nextitem
+  if not item.config.getoption("--cpu-seconds", default=None):
+    yield
+    return
+  start = _cpu_now()
+  yield
+  end = _cpu_now()
+  _cpu_seconds[item.nodeid] = {k: round(b - a, 2) for k, a, b in zip(
+      ("cpu", "children_cpu", "wall"), start, end)}
 
 
 def pytest_runtest_setup(item):
@@ -223,6 +254,11 @@ def pytest_sessionfinish(session, exitstatus):
   del exitstatus
   if _MADE_CACHE:
     shutil.rmtree(_MADE_CACHE, ignore_errors=True)
+  cpu_path = session.config.getoption("--cpu-seconds")
+  if cpu_path and _cpu_seconds:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{cpu_path}.{worker}.json", "w") as f:
+      json.dump(_cpu_seconds, f, indent=0)
   path = session.config.getoption("--compile-seconds")
   if path and _compile_seconds:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
