@@ -12,7 +12,7 @@ import os
 import ml_collections
 
 from ceu_jax import progress
-from ceu_jax.grid import aggregate, report, runner, validate
+from ceu_jax.grid import aggregate, report, runner, sweep, validate, workers
 
 
 AGGREGATE_WAIT_S = 600.0   # longest wait for another host's aggregation
@@ -39,26 +39,41 @@ def use_compilation_cache(workdir: str) -> str:
 
 def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = None,
         aggregate_only: bool = False, include_other_cells: bool = False, cell_fn=None,
-        validate_fn=None, busy_wait_s: float = 0.0, log=print) -> dict:
+        validate_fn=None, busy_wait_s: float = 0.0, processes: int = 1, log=print) -> dict:
   """Run (or only aggregate) a grid; returns counts, paths and failures.
 
   Aggregation takes the cells of `config`'s grid only; cells under W/cells/ from an
   earlier config are named and left out unless `include_other_cells`. `busy_wait_s`:
   how long to wait at the end for cells locked by another process (runner.run_grid).
-  `cell_fn` / `validate_fn` replace the training cell and its config check (tests).
+  `processes`: worker processes on this host sharing the shard's cells (CPU backend;
+  `ceu_jax.grid.workers`). `cell_fn` / `validate_fn` replace the training cell and its
+  config check (tests; with processes > 1 they must be picklable, module-level).
   """
   clock = progress.Progress(1)
   counts = {}
-  if not aggregate_only and config.get("grid", {}).get("compilation_cache", False):
+  workers.check_processes(processes)
+  if aggregate_only:
+    processes = 1
+  cache = bool(config.get("grid", {}).get("compilation_cache", False))
+  if not aggregate_only and cache:
     log(f"[grid] compiled programs are cached in {use_compilation_cache(workdir)}")
   if not aggregate_only:
+    sweep.expand(config, validate=validate_fn or validate.validate_cell)  # before any worker
+    pool = (workers.Workers(config, workdir, processes=processes, shard=shard,
+                            cell_fn=cell_fn, validate_fn=validate_fn,
+                            setup=use_compilation_cache if cache else None, log=log)
+            if processes > 1 else None)
     if cell_fn is None:
       from ceu_jax.grid.cell import run_cell
       cell_fn = run_cell
-    counts = runner.run_grid(config, workdir, cell_fn, shard=shard,
-                             validate=validate_fn or validate.validate_cell,
-                             busy_wait_s=busy_wait_s,
-                             log=log)
+    try:
+      counts = runner.run_grid(config, workdir, cell_fn, shard=shard,
+                               validate=validate_fn or validate.validate_cell,
+                               busy_wait_s=busy_wait_s, worker=(0, processes), pool=pool,
+                               log=log)
+    finally:
+      if pool is not None:
+        pool.stop()          # only live workers: after an interrupt or error here
   os.makedirs(workdir, exist_ok=True)
   # One aggregation at a time: each reads the cells finished before it took the lock,
   # so the last host to finish writes the complete results.

@@ -91,6 +91,18 @@ def _finished(workdir: str, cell: sweep_lib.Cell) -> bool:
   return os.path.exists(os.path.join(cell_dir(workdir, cell), "result.json"))
 
 
+def cell_is_busy(workdir: str, cell: sweep_lib.Cell) -> bool:
+  """Whether another process holds the cell's lock now (it is running the cell)."""
+  path = os.path.join(cell_dir(workdir, cell), ".lock")
+  if not os.path.exists(path):
+    return False
+  try:
+    with file_lock(path, f"cell {cell.cell_id}"):
+      return False
+  except LockHeld:
+    return True
+
+
 def is_preemption(e: BaseException) -> bool:
   """A cell stopped by SIGTERM/SIGINT (training's `Preempted`, raised after its
   checkpoint): the grid stops too, and a rerun resumes the cell. Not a failure."""
@@ -137,29 +149,45 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "
 
 def run_grid(config: ml_collections.ConfigDict, workdir: str, cell_fn: CellFn, *,
              shard: str | None = None, validate=None, busy_wait_s: float = 0.0,
+             worker: tuple[int, int] = (0, 1), pool=None,
              log=print) -> dict:
   """Expand, validate and run every cell of this shard. Returns counts per outcome
-  ('busy': cells still locked elsewhere after waiting `busy_wait_s` at the end)."""
+  ('busy': cells still locked elsewhere after waiting `busy_wait_s` at the end).
+
+  `worker` (j, P): one of P local worker processes sharing this shard's cells
+  (`ceu_jax.grid.workers`): each takes the next cell no other worker holds. Worker 0
+  takes the shard's driver lock, then starts the others (`pool.start()`); after its
+  pass it waits for them (`pool.join()`, the counts of the cells they ran are added to
+  these) before retrying the cells it found busy. Workers j > 0 skip busy cells
+  (another worker has them) and do not retry them."""
   cells = sweep_lib.expand(config, validate=validate)      # fails before any training
   i, n = sweep_lib.parse_shard(shard)
+  j, num_workers = worker
   mine = sweep_lib.shard_cells(cells, (i, n))
   os.makedirs(workdir, exist_ok=True)
   counts = dict(skipped=0, done=0, failed=0, busy=0)
-  with file_lock(os.path.join(workdir, f"driver-{i}of{n}.lock"),
-                 f"grid workdir shard {i}/{n}"):
+  lock_name = f"driver-{i}of{n}.lock" if j == 0 else f"driver-{i}of{n}-worker{j}.lock"
+  who = f"shard {i}/{n}" + (f" worker {j}/{num_workers}" if num_workers > 1 else "")
+  with file_lock(os.path.join(workdir, lock_name), f"grid workdir {who}"):
+    if pool is not None:
+      pool.start()
     io.write_json_atomic(os.path.join(workdir, "grid.json"), dict(
         num_cells=len(cells),
         cells=[dict(cell_id=c.cell_id, index=c.index, label=c.label()) for c in cells]))
-    todo = [c for c in mine
-            if not os.path.exists(os.path.join(cell_dir(workdir, c), "result.json"))]
+    todo = [c for c in mine if not _finished(workdir, c)]
+    todo_ids = {c.cell_id for c in todo}
     prog = progress_lib.Progress(len(todo))
     prog.update(0)
     ran, busy = 0, []
     for pos, cell in enumerate(mine, 1):
-      tag = f"[grid] cell {pos}/{len(mine)} (shard {i}/{n}, #{cell.index}) {cell.cell_id} {cell.label()}"
-      if os.path.exists(os.path.join(cell_dir(workdir, cell), "result.json")):
-        log(f"{tag}: finished earlier, skipped")
-        counts["skipped"] += 1
+      tag = f"[grid] cell {pos}/{len(mine)} ({who}, #{cell.index}) {cell.cell_id} {cell.label()}"
+      if _finished(workdir, cell):
+        if cell.cell_id not in todo_ids and j == 0:
+          log(f"{tag}: finished earlier, skipped")
+          counts["skipped"] += 1
+        continue                  # (or finished by another worker during this run)
+      if num_workers > 1 and cell_is_busy(workdir, cell):   # another worker has it
+        busy.append(cell)
         continue
       log(f"{tag}: running ({prog.line()})")
       outcome = run_cell(cell, workdir, cell_fn, f"{i}/{n}")
@@ -167,9 +195,19 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, cell_fn: CellFn, *
         busy.append(cell)
       else:
         counts[outcome] += 1
-      ran += 1
+      # Progress over this run's cells, whoever ran them (one worker: its own count).
+      ran = sum(_finished(workdir, c) for c in todo) if num_workers > 1 else ran + 1
       log(f"{tag}: {outcome} ({prog.update(ran)}, {len(todo) - ran} cells left)")
-    for k, v in _retry_busy(busy, workdir, cell_fn, f"{i}/{n}", busy_wait_s, log).items():
+    if j > 0:
+      log(f"[grid] {who}: {counts['done']} done, {counts['failed']} failed")
+      return counts
+    if pool is not None:
+      for k, v in pool.join().items():
+        counts[k] += v
+    retried = _retry_busy(busy, workdir, cell_fn, f"{i}/{n}", busy_wait_s, log)
+    if pool is not None:
+      retried["skipped"] = 0      # finished by the other workers: counted in pool.join
+    for k, v in retried.items():
       counts[k] += v
   log(f"[grid] shard {i}/{n}: {counts['done']} done, {counts['skipped']} skipped, "
       f"{counts['failed']} failed, {counts['busy']} busy elsewhere; "
@@ -185,6 +223,9 @@ def _retry_busy(busy: list, workdir: str, cell_fn: CellFn, shard: str, wait_s: f
   counts = dict(skipped=0, done=0, failed=0, busy=0)
   deadline = time.time() + wait_s
   for cell in busy:
+    if _finished(workdir, cell):       # finished meanwhile (another worker or host)
+      counts["skipped"] += 1
+      continue
     if deadline > time.time():
       log(f"[grid] cell #{cell.index} {cell.cell_id} is locked by another process; "
           f"waiting up to {deadline - time.time():.0f}s for it")
