@@ -121,8 +121,15 @@ def cell_section(tiny: bool, workdir: str) -> None:
            and dict(c.overrides).get("cer.regularizer") == reg
            and dict(c.overrides).get("seed", 0) == 0]
   cell = cells[0]
-  if tiny:
-    cell.config.eval.num_examples = cell.config.eval.batch_size = 16
+  if tiny:   # seconds on a CPU: micro widths, 16 test examples, clean + one shift of δ
+    c = cell.config
+    c.eval.num_examples = c.eval.batch_size = 16
+    with c.ignore_type():
+      c.model.overrides = dict(embed_dim=16, reader_mlp_dim=32, enc_mlp_dim=32,
+                               read_heads=2, read_head_dim=8, reader_heads=2,
+                               reader_layers=1)
+      c.grid.delta_test, c.grid.n_test = (0.9,), (c.data.context_len,)
+      c.grid.eta_test = (c.data.eta,)
   print(f"main-job cell {cell.index}: {cell.label()} ({cell.config.train.num_steps} steps, "
         f"batch {cell.config.train.batch_size}, {cell.config.eval.num_examples} test examples "
         f"per condition, {len(cell_lib.test_conditions(cell.config))} conditions)", flush=True)
