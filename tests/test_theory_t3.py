@@ -136,3 +136,33 @@ def test_synthetic_pipeline_respects_bound():
   est = [Estimate(v, v, v, 1) for v in (alpha, gamma, c)]
   rep = t3.t3_report(etas, rates, *est)
   assert not any(v.significant for v in rep.violations)
+
+
+def test_the_one_bootstrap_reproduces_the_theory_estimators():
+  """`resampling.bootstrap` (strict=False) gives the theory's bootstrap numbers
+  exactly: same generator, same index draws, same quantiles, on fixed inputs."""
+  from ceu_jax.metrics import resampling
+  from ceu_jax.theory import stats
+  rng = np.random.default_rng(123)
+  m = rng.gamma(2.0, 0.5, size=300)
+  e = (rng.random(300) < np.exp(-1.3 * m)).astype(float)
+  few = np.zeros(300)
+  few[[3, 50, 120]] = 1.0                    # resamples without an error: ĉ = inf
+  for method in ("mle", "envelope"):
+    for errors in (e, few):
+      old = t3.estimate_c(m, errors, method=method, n_resamples=400, seed=3)
+      fit = {"mle": t3.fit_c_mle, "envelope": t3.fit_c_envelope}[method]
+      new = resampling.bootstrap_scalar(fit, m, errors, num_resamples=400, seed=3,
+                                        method="inverted_cdf", strict=False)
+      assert (new.value, new.ci_low, new.ci_high, new.n) == (old.value, old.lo, old.hi, old.n)
+  x = np.array([0.2, 0.45, np.nan, 0.71, 0.9])
+  y = np.array([0.1, 0.3, 0.2, 0.5, 0.65])
+  slope = lambda a, b: float((a * b).sum() / max((a * a).sum(), 1e-300))
+  for xs in (x, np.nan_to_num(x)):
+    old = stats.bootstrap_ci((xs, y), slope, n_resamples=700, seed=2)
+    new = resampling.bootstrap_scalar(slope, xs, y, num_resamples=700, seed=2, strict=False)
+    np.testing.assert_array_equal(new.floats(), old)
+  for xs in (rng.random(5000), np.array([0.3])):          # 5000: two index chunks
+    old = stats.mean_estimate(xs, n_resamples=300, seed=5)
+    new = resampling.mean_ci(xs, num_resamples=300, seed=5, strict=False)
+    np.testing.assert_array_equal(new.floats(), (old.value, old.lo, old.hi))
