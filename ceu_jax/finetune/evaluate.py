@@ -34,6 +34,7 @@ import jax
 from ceu_jax import io
 from ceu_jax.finetune import task as cer_task
 from ceu_jax.metrics import mean_ci
+from ceu_jax.metrics.resampling import fmt_ci
 from ceu_jax.metrics.text import exact_match, token_f1
 from ceu_jax.pretrained import audit_nq
 from ceu_jax.pretrained import lora as lora_lib
@@ -164,9 +165,7 @@ TABLE_METRICS = ('em', 'f1', 'nll', 'ceu_ev', 'ceu_dis', 'ceu_control', f'suppor
 
 
 def _cell(a: dict) -> str:
-  if a.get('value') is None:
-    return 'n/a'
-  return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+  return fmt_ci(a, missing='n/a')
 
 
 def report(entries: list[tuple[str, str]], out_dir: str) -> str:

@@ -142,8 +142,8 @@ def _violations_md(reports: dict) -> list[str]:
       continue
     for v in rep["violations"]:
       sig = "significant (whole CI above the bound)" if v["significant"] else "within CI"
-      lines.append(f"- {label}, η = {v['eta']:g}: rate {v['rate']:.3f} "
-                   f"[{v['rate_lo']:.3f}, {v['rate_hi']:.3f}] > bound {v['bound']:.3f} "
+      rate = fmt_ci(Aggregate(v["rate"], v["rate_lo"], v["rate_hi"], v["n"]))
+      lines.append(f"- {label}, η = {v['eta']:g}: rate {rate} > bound {v['bound']:.3f} "
                    f"(excess {v['excess']:.3f}, {sig}, n={v['n']})")
   return lines
 
