@@ -32,6 +32,7 @@ import numpy as np
 import jax
 
 from ceu_jax import io
+from ceu_jax.engine.probes import DIS, EV, SPAN_PROBES
 from ceu_jax.finetune import task as cer_task
 from ceu_jax.metrics import mean_ci
 from ceu_jax.metrics.resampling import fmt_ci
@@ -82,8 +83,8 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
     ps = pairs[b * bs:(b + 1) * bs]
     arrays = audit_nq.batch_arrays(task.tokenizer, ps, bs, pad_to)
     prof = audit_nq.audit_batch(variables, task.model_config, arrays, n_tail,
-                                audit_nq.SPAN_PROBES, eps)
-    new = audit_nq.batch_rows(ps, prof, audit_nq.SPAN_PROBES)
+                                SPAN_PROBES, eps)
+    new = audit_nq.batch_rows(ps, prof, SPAN_PROBES)
     by_id = {p.id: a for p, a in zip(ps, answers(ps, [p.clean_prompt for p in ps]))}
     return [{**r, **by_id[r['id']]} for r in new]
 
@@ -105,7 +106,7 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
   summary.update(step=step, trained=trained, pairs=report, wall_s=time.time() - t0,
                  read_layer=int(c.model.read_layer))
   io.write_json_atomic(os.path.join(out_dir, 'summary.json'), summary)
-  audit_nq.plot_profile(summary['profile'], audit_nq.SPAN_PROBES,
+  audit_nq.plot_profile(summary['profile'], SPAN_PROBES,
                         os.path.join(out_dir, 'plots', 'layer_profile'))
   return summary
 
@@ -151,9 +152,9 @@ def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
   return {
       'n': len(at), 'em': agg([r['em'] for r in at]), 'f1': agg([r['f1'] for r in at]),
       'nll': agg([-r['L_plus'] for r in at]),
-      'ceu_ev': agg(ceu('ev')), 'ceu_dis': agg(ceu('dis')), 'ceu_control': agg(ceu('control')),
+      **{f'ceu_{n}': agg(ceu(n)) for n in SPAN_PROBES},
       f'supported_{TAU}': agg(supported),
-      'profile': audit_nq.summarize(rows, audit_nq.SPAN_PROBES, n_layers, cfg),
+      'profile': audit_nq.summarize(rows, SPAN_PROBES, n_layers, cfg),
   }
 
 
@@ -201,7 +202,7 @@ def report(entries: list[tuple[str, str]], out_dir: str) -> str:
   fig = Figure(figsize=(7, 4))
   ax = fig.add_subplot()
   for label, s in sums:
-    for name, ls in (('ev', '-'), ('dis', ':')):
+    for name, ls in ((EV, '-'), (DIS, ':')):
       agg = [e[name]['ceu'] for e in s['profile']['per_layer']]
       layers = [e['layer'] for e in s['profile']['per_layer']]
       val = np.array([a['value'] if a['value'] is not None else np.nan for a in agg])

@@ -48,10 +48,10 @@ from ceu_jax.pretrained import patching
 from ceu_jax.pretrained.model import SmolLM, SmolLMConfig
 from ceu_jax.train.losses import LossConfig
 
-PROBES = ('ev', 'dis', 'control')  # probe names, in the order k = 1, 2, 3 adds them
+PROBES = engine.SPAN_PROBES  # the engine's probe names, in the order k = 1, 2, 3 adds them
 PATHS = ('tail', 'full')
-BATCH_KEYS = ('tokens_p', 'tokens_m', 'valid', 'answer_mask', 'span_ev', 'span_dis',
-              'span_control', 'has_dis', 'has_control')
+BATCH_KEYS = ('tokens_p', 'tokens_m', 'valid', 'answer_mask', *(f'span_{n}' for n in PROBES),
+              *(f'has_{n}' for n in PROBES[1:]))
 
 
 def check_batch(batch: dict, ids: Optional[list] = None) -> None:

@@ -256,10 +256,9 @@ def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int) -> dict:
     for n in obj.PROBES:
       spans[n][i, off + np.asarray(getattr(p, n), int)] = True
   batch = {'tokens_p': bp.tokens, 'tokens_m': bm.tokens, 'valid': bp.valid,
-           'answer_mask': bp.answer_mask, 'span_ev': spans['ev'], 'span_dis': spans['dis'],
-           'span_control': spans['control'],
-           'has_dis': np.array([bool(p.dis) for p in pairs]),
-           'has_control': np.array([bool(p.control) for p in pairs])}
+           'answer_mask': bp.answer_mask, **{f'span_{n}': spans[n] for n in obj.PROBES},
+           **{f'has_{n}': np.array([bool(getattr(p, n)) for p in pairs])
+              for n in obj.PROBES[1:]}}
   obj.check_batch(batch, [p.id for p in pairs])
   return batch
 
