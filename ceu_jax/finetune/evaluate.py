@@ -31,7 +31,7 @@ import numpy as np
 
 import jax
 
-from ceu_jax import io
+from ceu_jax import audit_config, io
 from ceu_jax.engine.probes import DIS, EV, SPAN_PROBES
 from ceu_jax.finetune import task as cer_task
 from ceu_jax.metrics import mean_ci
@@ -67,7 +67,7 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
   if len(pairs) < int(c.eval.num_examples):
     _log(f'only {len(pairs)} aligned held-out pairs (asked {c.eval.num_examples}): {report}')
   bs, n_tail, pad_to = int(c.eval.batch_size), int(c.data.max_answer_tokens), int(c.data.max_len)
-  eps = float(c.cer.eps)
+  eps = float(c.eval.eps)
   reader = []   # the SmolLM2Reader, built on first use (a resumed run may not need it)
 
   def answers(ps, prompts) -> list[dict]:
@@ -142,7 +142,7 @@ def _robust_summary(rows: list[dict], config: Any) -> dict:
 def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
   """Headline metrics with 95% CIs at the trained port, and the per-layer profile."""
   cfg = types.SimpleNamespace(num_resamples=int(config.eval.num_resamples),
-                              seed=int(config.seed), eps=float(config.cer.eps))
+                              seed=int(config.seed), eps=float(config.eval.eps))
   agg = lambda x: _agg(x, config)
   layer = int(config.model.read_layer)
   at = [r for r in rows if r['layer'] == layer]
@@ -242,6 +242,7 @@ def run(config: Any, workdir: str, *, fresh: bool = False, allow_config_change=(
         evaluate: str = 'trained', load=None) -> dict:
   """Train (unless evaluate == 'base'), then evaluate ('trained' | 'base' | 'none')."""
   from ceu_jax.train import loop
+  config = audit_config.upgrade(config)   # recorded before eval.eps: the ε cer.eps it used
   task = cer_task.SmolLM2CERTask.from_config(config, load=load)
   out: dict = {'pairs': task.report}
   if evaluate != 'base':
