@@ -128,7 +128,7 @@ def tail_intervened_logliks(params: dict, config: SmolLMConfig, layer: int,
                        corrupt['x'].shape[1:2] + (n_tail, config.width))
   for i in range(layer, config.n_layers):
     d = delta if i == layer else jnp.zeros_like(delta)
-    x = patching._layer_tail(params[f'layers_{i}'], config, x, corrupt['k'][i][:, :t0],
+    x = patching.layer_tail(params[f'layers_{i}'], config, x, corrupt['k'][i][:, :t0],
                              corrupt['v'][i][:, :t0], positions, mask, d)
   x = M.rms_norm(x, params['final_norm']['scale'], config.norm_eps)
   logits = x @ params['embed']['embedding'].T  # [Q, B, n, V]
