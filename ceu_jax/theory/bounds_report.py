@@ -46,7 +46,8 @@ def t2_title(config) -> str:
 def t3_caption(config, t3: dict) -> str:
   a, c = t3["alpha"], t3["c"]
   return (f"Bound η + (1 − η)·exp(−ĉ α̂ γ̂(δ)); α̂ = mean CEU_ev on evidence-present examples "
-          f"at δ={float(config.t3.base_delta):g}: {_fmt(a, with_n=True)}; ĉ: {_fmt(c, with_n=True)}. "
+          f"at δ={float(config.t3.base_delta):g}: {_fmt(a, with_n=True)}; "
+          f"ĉ: {_fmt(c, with_n=True)}. "
           + c_statement(config, str(config.t3.c_method)) + ". Red × = violation.")
 
 
@@ -183,7 +184,8 @@ def markdown(config, res: dict) -> str:
 
 def _t3_md(t3: dict) -> list[str]:
   out = ["### T3 upper bound", "", f"Model `{t3['model']}`.", "",
-         f"- α = {_fmt(t3['alpha'])} (n={t3['alpha']['n']}, {t3['alpha'].get('n_excluded', 0)} excluded)",
+         f"- α = {_fmt(t3['alpha'])} (n={t3['alpha']['n']}, "
+         f"{t3['alpha'].get('n_excluded', 0)} excluded)",
          f"- ĉ = {_fmt(t3['c'])} (n={t3['c']['n']}; {t3['c'].get('note', '')}); estimator: "
          f"{t3['c_estimator']}",
          f"- γ(δ) = " + "; ".join(f"δ={d}: {_fmt(g)}" for d, g in t3["gamma_by_delta"].items()),
