@@ -149,11 +149,6 @@ def validate_model_config(cfg: Any) -> None:
     _choice("overrides.scan_impl", overrides["scan_impl"], SCAN_IMPLS)
 
 
-def reader_layer_count(cfg: Any) -> int:
-  validate_model_config(cfg)
-  return _reader_layers(cfg)
-
-
 def _reader_layers(cfg: Any) -> int:
   overrides = dict(_get(cfg, "overrides", None) or {})
   return overrides.get("reader_layers", PRESETS[_get(cfg, "preset")]["reader"]["reader_layers"])

@@ -170,7 +170,7 @@ def main():
   ref_times = []
   for i in range(args.ref_prompts):
     t = len(prompts[i]) + args.new  # greedy_generate's fixed buffer length
-    jax.block_until_ready(patching._next_token(variables, config, np.zeros((1, t), np.int32),
+    jax.block_until_ready(patching.greedy_next_token(variables, config, np.zeros((1, t), np.int32),
                                                np.ones((1, t), bool)))  # compile this shape
     t0 = time.perf_counter()
     ref = patching.greedy_generate(variables, config, prompts[i], args.new)

@@ -29,17 +29,18 @@ import time
 import jax
 import numpy as np
 
+from ceu_jax import engine
+
 FILLER = ('The city council met on Tuesday to discuss the new library, the repair of '
           'the old bridge and the schedule of the summer festival. ')
 EVIDENCE = 'The Eiffel Tower is located in {city}, the capital of France.'
 DISTRACTOR = ' The Colosseum is located in Rome, the capital of Italy. '
 QUESTION = 'In which city is the Eiffel Tower located'
-PROBES = ('full', 'ev', 'dis')
+PROBES = (engine.FULL, engine.EV, engine.DIS)
 
 
 def build_batch(tok, batch: int):
   """(clean, corrupt `EncodedBatch`, `engine.Probes` [Q, B, T − 1], T)."""
-  from ceu_jax import engine
   from ceu_jax.pretrained import answer_positions, char_span_mask, encode_batch, format_prompt
   clean, corr, ranges = [], [], []
   for i in range(batch):

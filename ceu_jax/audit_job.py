@@ -37,6 +37,7 @@ from ceu_jax.auditor import (AuditedModel, Auditor, AuditSettings, Rows, audited
                              eval_set)
 from ceu_jax.data import evalsets
 from ceu_jax.engine import placement
+from ceu_jax.engine.probes import DIS
 
 DATA_DIR_ENV = "CEU_JAX_DATA_DIR"
 EXAMPLE_FIELDS = ("example_id", "corruption", "correct", "has_evidence", "dis_found",
@@ -256,7 +257,7 @@ def plot_histograms(all_rows: Mapping[str, Rows], plots_dir: str) -> list[str]:
     for probe in adapter.PROBES:
       v = rows[f"ceu_{probe}"]
       keep = np.asarray(rows["has_evidence"], bool) & np.isfinite(v)
-      if probe == adapter.DIS:
+      if probe == DIS:
         keep &= np.asarray(rows["dis_found"], bool)
       v = v[keep]
       mean = f"{np.mean(v):.2f}" if len(v) else "n/a"

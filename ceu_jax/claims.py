@@ -165,10 +165,8 @@ def of_run(name: str, statement: str, agg: "Aggregate | dict | None", sign: int,
            against: float = 0.0, label: str = "") -> Claim:
   """A claim decided from one run's estimate and its 95% CI (a companion audit's
   headline): `RULE` with one seed, on value − `against` (e.g. a rate against 0.5)."""
-  if agg is None:
-    agg = Aggregate(None, None, None, 0)
-  elif isinstance(agg, dict):
-    agg = Aggregate(agg.get("value"), agg.get("ci_low"), agg.get("ci_high"), int(agg.get("n") or 0))
+  if not isinstance(agg, Aggregate):
+    agg = Aggregate.from_dict(agg)
   shifted = (agg if agg.value is None or not against else
              Aggregate(agg.value - against, None if agg.ci_low is None else agg.ci_low - against,
                        None if agg.ci_high is None else agg.ci_high - against, agg.n))

@@ -33,8 +33,7 @@ from ceu_jax import engine
 from ceu_jax.data.types import LineKind, RetrievalBatch
 from ceu_jax.likelihood import gold_loglik
 
-EV, DIS, CONTROL = "ev", "dis", "control"
-PROBES = (EV, DIS, CONTROL)          # probe names, in probe-set order
+PROBES = engine.SPAN_PROBES          # probe names, in probe-set order
 
 
 @flax.struct.dataclass

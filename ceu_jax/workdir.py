@@ -212,23 +212,6 @@ def check_same_config(config: Any, workdir: str, *, allow: Iterable[str] | str =
   return check_config_change(stored, config, allow=allow, what=what)
 
 
-def refuse_other_job_config(config: Any, workdir: str, job: str,
-                            free_fields: Iterable[str] = ()) -> None:
-  """A resumable job's workdir rule: W/config.json, if present, equals `config` up to
-  `free_fields` (dotted, or a section); else WorkdirConfigError naming what differs
-  (its finished chunks belong to that config)."""
-  stored = read_config_json(workdir)
-  if stored is None:
-    return
-  free = tuple(free_fields)
-  diff = [d for d in config_diff(stored, config)
-          if not any(d[0] == f or d[0].startswith(f + ".") for f in free)]
-  if diff:
-    raise WorkdirConfigError(
-        f"{workdir} holds {job} run of a different config: {format_diff(diff)}. Use "
-        "another --workdir (its finished chunks belong to that config).", diff)
-
-
 def _tuples(x: Any) -> Any:
   if isinstance(x, list):
     return tuple(_tuples(v) for v in x)

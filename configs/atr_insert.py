@@ -18,9 +18,7 @@ from architectures import FAMILIES, PRESETS
 from configs import common
 
 
-def _or(value, default):
-  """An `Opt` argument: the value given, else the variant's default."""
-  return default if value is None else value
+_or = common.given_or
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -75,6 +75,11 @@ def parse_value(key: str, value: str, spec: Opt) -> Any:
   return out
 
 
+def given_or(value: Any, default: Any) -> Any:
+  """An `Opt` argument: the value given, else the variant's default."""
+  return default if value is None else value
+
+
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """Parse 'variant,k=v,...' into a ConfigDict; `defaults` fixes the allowed keys, their
   types (a plain default's type, or an `Opt`) and ranges."""

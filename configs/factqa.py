@@ -19,7 +19,7 @@ from architectures import FAMILIES, PRESETS
 from configs import atr_insert, common
 
 
-_or = atr_insert._or  # pylint: disable=protected-access
+_or = common.given_or
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

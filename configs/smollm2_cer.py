@@ -98,6 +98,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   e.best_metric = 'nll'            # (checkpointer bookkeeping; no periodic eval)
   e.num_resamples = 200 if tiny else 1000  # bootstrap resamples of the 95% CIs
   e.max_new_tokens = 8             # greedy answer budget (EM / F1 by generation)
+  e.eps = 1e-3                     # the audit's ε of the stabilised CEU (degenerate below)
   e.delta_test = (0.9,) if tiny else (0.3, 0.9)  # distractor injection strengths of the robustness EM / F1
 
   c.sharding = common.sharding_section()

@@ -12,6 +12,7 @@ from ml_collections import config_flags
 
 from ceu_jax import cli
 from ceu_jax.audits.answer_presence import job
+from ceu_jax.metrics.resampling import fmt_ci
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Answer-presence config file.',
                                           lock_config=True)
@@ -27,8 +28,7 @@ def main(argv):
   for name, r in s['readers'].items():
     for b, cell in r['cells'].items():
       d = cell['delta_causal']
-      v = 'n/a' if d['value'] is None else f"{d['value']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
-      print(f"{name} {b}: Δcausal {v} (n={d['n']})")
+      print(f"{name} {b}: Δcausal {fmt_ci(d, 2, signed=True, missing='n/a')} (n={d['n']})")
     if r['panel']:
       print(f"{name} sentinel panel: {r['panel']['verdicts']['text']}")
   print(f"report: {_WORKDIR.value}/report.md ({s['produced_by']['wall_s_this_run']:.0f} s this run)")

@@ -17,6 +17,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from ceu_jax import audit_job, cli
+from ceu_jax.engine.probes import CONTROL, EV
 from ceu_jax.metrics.resampling import fmt_ci
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (optional "
@@ -40,7 +41,7 @@ def main(argv):
   for name, s in summary["corruptions"].items():
     ceu = s["ceu"]
     print(f"[audit] {name}: EM {_num(s['accuracy']['em']['value'])}, mean CEU_ev "
-          f"{_stat(ceu['ev']['all']['mean'])}, control {_stat(ceu['control']['all']['mean'])}, "
+          f"{_stat(ceu[EV]['all']['mean'])}, control {_stat(ceu[CONTROL]['all']['mean'])}, "
           f"supported@0.5 {_num(s['supported_answer_rate'].get('0.5', {}).get('value'))}, "
           f"degenerate {s['n_degenerate']}")
 

@@ -13,6 +13,7 @@ from ml_collections import config_flags
 
 from ceu_jax import cli
 from ceu_jax.audits.mediator import job as mediator_job
+from ceu_jax.metrics.resampling import fmt_ci
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Mediator config file.',
                                           lock_config=True)
@@ -25,7 +26,7 @@ def main(argv):
   for name, x in s['settings'].items():
     f = lambda a: 'n/a' if a['value'] is None else f"{a['value']:.3f}"
     d = x['delta']
-    dd = 'n/a' if d['value'] is None else f"{d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+    dd = fmt_ci(d, signed=True, missing='n/a')
     print(f"{name}: F_ID {f(x['F_ID'])} F_Strong {f(x['F_Strong'])} Δ {dd} "
           f"(COR {x['n_COR']}, CNF {x['n_CNF']})")
   print(f"report: {_WORKDIR.value}/report.md ({s['produced_by']['wall_s_this_run']:.0f} s this run)")

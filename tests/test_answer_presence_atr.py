@@ -123,7 +123,7 @@ def test_edits_preserve_everything_outside_their_regions(cfg):
         gone, new = before - after, after - before
         assert sum(gone.values()) == 1 and sum(new.values()) == 1
         (old,), (note,) = list(gone), list(new)
-        assert m._is_free(old) and note[1:1 + len(r.golds[0])] == r.golds[0]  # noqa: SLF001
+        assert m.is_free(old) and note[1:1 + len(r.golds[0])] == r.golds[0]
         assert all(out[p] == x[p] for p in markers)
       assert m.lines(m.insert_prepend(x, r.golds[0]))[0][:1 + len(r.golds[0])] == (
           cfg.vocab.tok('NOTE'),) + tuple(r.golds[0])
@@ -177,7 +177,7 @@ def test_rewriters_keep_their_lines_and_nothing_else(world):
         if all(q[f] in line_raw for f in need):
           assert line_c == line_raw
         else:
-          assert m._is_free(line_c)  # noqa: SLF001
+          assert m.is_free(line_c)
       assert all(c.context[p] == r.raw_context[p] for p in marks)
       # the evidence line (when in raw) is kept by every rewriter without errors
       assert bool(m.evidence_lines(r.raw_context, r)) == bool(m.evidence_lines(c.context, c))

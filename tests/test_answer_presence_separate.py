@@ -14,7 +14,7 @@ from ceu_jax.audits.answer_presence import audit as ap
 from ceu_jax.audits.answer_presence import separate as se
 from ceu_jax.audits.answer_presence import worlds as wo
 from ceu_jax.data.atr_config import ATRConfig
-from ceu_jax.readers.oracles import CopyOracle, _Oracle, context_of, question_of
+from ceu_jax.readers.oracles import CopyOracle, Oracle, context_of, question_of
 
 SMOKE = ATRConfig(num_passages=4, context_len=64, eta=0.2, delta=0.3, rho=0.3, overlap_rate=0.25,
                   filler_rate=0.5, paraphrase_rate=0.1, n_ids=16, n_keys=16, n_values=16)
@@ -24,7 +24,7 @@ KW = dict(p_drop=0.2, p_surface=1.0, seed=3)
 
 
 @dataclasses.dataclass
-class BindingOracle(_Oracle):
+class BindingOracle(Oracle):
   """Reads the binding: answers the VALUE of the first line stating (query ID, query KEY)
   in either format ("ID #q KEY k VALUE v ." / "KEY k OF #q IS v ."), else abstains."""
   cfg: ATRConfig = SMOKE
@@ -78,7 +78,7 @@ def test_surface_rewriters_differ_in_one_line_only(world):
     assert len(changed) == 1  # one line slot, the same for both rewriters
     (k,) = changed
     old, new_ev, new_val = (m.lines(x)[k] for x in (base.context, ev.context, val.context))
-    assert m._is_free(old)  # noqa: SLF001 — a free filler slot
+    assert m.is_free(old)  # a free filler slot
     assert new_ev == (v.tok('ID'), q[2], v.tok('KEY'), q[4], v.tok('VALUE'), *gold, v.tok('.'))
     assert new_val == old[:1] + gold + old[1 + len(gold):]  # "NOTE v* w .. ."
     start = m.line_starts()[k]

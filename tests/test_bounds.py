@@ -33,7 +33,7 @@ def _check_outputs(workdir: str, config) -> dict:
   assert set(res["models"]) == {name for name, _ in config.models}
   t3 = res["t3"]
   for key in ("alpha", "c"):
-    assert {"value", "lo", "hi", "n"} <= set(t3[key])
+    assert {"value", "ci_low", "ci_high", "n"} <= set(t3[key])
   assert set(t3["reports"]) == {f"δ={d:g}" for d in config.t3.deltas}
   for rep in t3["reports"].values():
     assert len(rep["rates"]) == len(config.t3.etas)

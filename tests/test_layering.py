@@ -161,15 +161,21 @@ def test_models_are_built_only_by_architectures_build_model():
 _PACKAGES = ("ceu_jax", "architectures", "configs")
 
 
+def _modules(packages: tuple[str, ...]) -> dict[str, pathlib.Path]:
+  """Dotted module name -> file, for every module of `packages`."""
+  mods = {}
+  for pkg in packages:
+    for f in _files(pkg):
+      name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+      mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = f
+  return mods
+
+
 def _module_graph() -> dict[str, set[str]]:
   """Module -> the project modules it imports anywhere in its body (function-level
   imports too: a cycle hidden inside a function is still a cycle). Imports of a
   module's own parent packages (their __init__) are not edges."""
-  mods = {}
-  for pkg in _PACKAGES:
-    for f in _files(pkg):
-      name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
-      mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = f
+  mods = _modules(_PACKAGES)
 
   def resolve(name: str) -> str | None:
     while name and name not in mods:
@@ -250,3 +256,28 @@ def test_cycle_finder_finds_a_planted_cycle():
 def test_library_never_imports_configs():
   for package in ("ceu_jax", "architectures"):
     assert not _violations(package, ("configs",)), package
+
+
+def test_no_private_name_crosses_a_module():
+  """`from m import _x` and `m._x` of another project module (a private name is its
+  module's own: make it public or move the code next to its user)."""
+  graph_mods = _modules(_PACKAGES + ("experiments", "benchmarks"))
+  private = lambda n: n.startswith("_") and not n.startswith("__")
+  bad = []
+  for me, f in graph_mods.items():
+    tree = ast.parse(f.read_text())
+    aliases = {}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        for a in node.names:
+          if f"{node.module}.{a.name}" in graph_mods:
+            aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+          elif node.module in graph_mods and node.module != me and private(a.name):
+            bad.append(f"{me}: from {node.module} import {a.name}")
+      elif isinstance(node, ast.Import):
+        aliases.update({a.asname or a.name: a.name for a in node.names if a.name in graph_mods})
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Attribute) and private(node.attr)
+          and isinstance(node.value, ast.Name) and aliases.get(node.value.id, me) != me):
+        bad.append(f"{me}: {aliases[node.value.id]}.{node.attr}")
+  assert not bad, bad

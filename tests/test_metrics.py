@@ -167,6 +167,39 @@ def test_bootstrap_properties():
     m.mean_ci(np.array([1.0, NAN]))
 
 
+def test_lenient_bootstrap_and_the_optional_fields():
+  """strict=False (the theory's estimators): inf values kept, NaN resamples left out,
+  no CI below 2 examples; n_excluded and note are written only when set."""
+  assert bs.bootstrap(lambda x: x.max(axis=1) * np.inf, np.ones(5), method="inverted_cdf",
+                      strict=False) == \
+      m.Aggregate(np.inf, np.inf, np.inf, 5)
+  assert m.mean_ci(np.array([3.0]), strict=False) == m.Aggregate(3.0, None, None, 1)
+  x = np.array([1.0, 2.0, NAN])                          # resamples without the NaN remain
+  assert m.mean_ci(x, strict=False).value is None
+  assert m.mean_ci(x, strict=False).ci_low is not None
+  agg = m.Aggregate(0.5, 0.4, 0.6, 10)
+  assert agg.to_dict() == {"value": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n": 10}
+  full = m.Aggregate(0.5, None, None, 10, n_excluded=3, note="why")
+  assert bs.Aggregate.from_dict(full.to_dict()) == full
+  assert bs.Aggregate.from_dict(None) == bs.EMPTY
+  assert full.floats()[0] == 0.5 and np.isnan(full.floats()[1])
+  old_theory = {"value": 0.5, "lo": 0.4, "hi": 0.6, "n": 10, "n_excluded": 0, "level": 0.95,
+                "note": ""}                              # bounds.json before the one type
+  assert bs.Aggregate.from_dict(old_theory) == agg
+
+
+def test_fmt_ci_styles():
+  agg = m.Aggregate(0.52149, 0.4951, 0.548, 224)
+  assert bs.fmt_ci(agg) == "0.521 [0.495, 0.548]"
+  assert bs.fmt_ci(agg, 2, signed=True, with_n=True) == "+0.52 [+0.50, +0.55] (n=224)"
+  assert bs.fmt_ci(agg, style="g", scale=100.0) == "52.1 [49.5, 54.8]"
+  assert bs.fmt_ci(m.Aggregate(-0.0, -0.0, 0.0, 3), style="g") == "0 [0, 0]"
+  assert bs.fmt_ci(m.Aggregate(-0.0, -0.0, 0.0, 3)) == "-0.000 [-0.000, 0.000]"
+  assert bs.fmt_ci(m.Aggregate(np.inf, 9.7, np.inf, 3), style="g") == "inf [9.7, inf]"
+  assert bs.fmt_ci(m.Aggregate(NAN, None, None, 0), missing="n/a", with_n=True) == "n/a (n=0)"
+  assert bs.fmt_ci({"value": 1.0, "ci_low": None, "ci_high": 2.0, "n": 1}) == "1.000"
+
+
 def test_bootstrap_chunking_does_not_change_result(monkeypatch):
   x = np.random.default_rng(1).normal(size=64)
   full = m.quantile_ci(x, 0.25, num_resamples=300)

@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pytest
 
+from ceu_jax import engine
 from ceu_jax.pretrained import audit_nq, gguf_loader, probe_spans
 
 _WHY = gguf_loader.is_available()
@@ -157,13 +158,12 @@ def test_choose_spans_absent_never_filled():
 def _profile(gaps, l_int, n_layers=2):
   """An engine Profile of synthetic log-likelihoods (L− = 0; probes by name)."""
   import jax.numpy as jnp
-  from ceu_jax import engine
   lp = jnp.asarray(gaps, jnp.float32)
   li = jnp.asarray(l_int, jnp.float32)
   l_int = jnp.stack([li, jnp.zeros_like(li), jnp.full_like(li, 0.5)])  # ev, dis, control
   sites = [f'layers_{i}/attn:read' for i in range(n_layers)]
   return engine.Profile(tuple(engine.from_logliks(lp, jnp.zeros_like(lp), l_int,
-                                                  names=audit_nq.SPAN_PROBES, site=s)
+                                                  names=engine.SPAN_PROBES, site=s)
                               for s in sites), tuple(sites))
 
 
@@ -172,8 +172,8 @@ def test_summary_flags_degenerate_clips_and_counts_missing_spans():
   pairs = [_pair(0, 50, 2), _pair(1, 50, 2, dis=(), control=()), _pair(2, 50, 2),
            _pair(3, 50, 2), _pair(4, 50, 2, control=())]
   prof = _profile(gaps=[2.0, 4.0, 0.0, -1.0, 1.0], l_int=[1.0, 8.0, 5.0, 0.0, 0.25])
-  rows = audit_nq.batch_rows(pairs, prof, audit_nq.SPAN_PROBES)
-  s = audit_nq.summarize(rows, audit_nq.SPAN_PROBES, 2, cfg)
+  rows = audit_nq.batch_rows(pairs, prof, engine.SPAN_PROBES)
+  s = audit_nq.summarize(rows, engine.SPAN_PROBES, 2, cfg)
   assert s['n_examples'] == 5 and s['n_degenerate'] == 2
   assert s['degenerate_ids'] == ['nq:00002', 'nq:00003']
   assert s['no_valid_span'] == {'dis': {'count': 1, 'ids': ['nq:00001']},
@@ -253,14 +253,14 @@ def test_batch_arrays_masks_and_padding(tiny_pairs):
   arr = audit_nq.batch_arrays(tok, ps, batch_size=2, pad_to=cfg.max_len)
   clean, corrupt = arr['clean'], arr['corrupt']
   np.testing.assert_array_equal(clean['tokens'][0], clean['tokens'][1])  # short batch: repeated
-  for name in audit_nq.SPAN_PROBES:
+  for name in engine.SPAN_PROBES:
     m = arr['spans'][name]
     assert m.shape == (2, cfg.max_len - 1)
     assert (m.sum(-1) == len(getattr(ps[0], name))).all()
     assert not (m & ~clean['valid'][:, :-1]).any()
   changed = clean['tokens'] != corrupt['tokens']
   assert changed.any() and not (changed[:, :-1] & ~arr['spans']['ev']).any()
-  probes = audit_nq.batch_probes(arr, audit_nq.SPAN_PROBES + (audit_nq.SITE,))
+  probes = audit_nq.batch_probes(arr, engine.SPAN_PROBES + (audit_nq.SITE,))
   assert probes.names == ('ev', 'dis', 'control', 'site')
   assert probes.span[probes.index('site')].all()
   np.testing.assert_array_equal(probes.positions[0], clean['answer_mask'][:, 1:])

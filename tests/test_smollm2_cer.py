@@ -309,6 +309,7 @@ def test_read_layer_outside_the_full_model_is_refused():
     ('train.eval_every', 5, r'train.eval_every must be 0'),
     ('data.n_distractor_sentences', 3, r'data.n_distractor_sentences must be one of'),
     ('model.cer_path', 'fast', r'model.cer_path must be one of'),
+    ('eval.eps', 0.0, r'eval.eps must be a number > 0'),
 ])
 def test_bad_config_fields_are_named(field, value, match):
   config = smollm2_cer.get_config('tiny')
@@ -324,6 +325,22 @@ def test_configs_validate():
   c = smollm2_cer.get_config('cpu,regularizer=none,full=true,steps=20')
   assert (c.cer.regularizer, c.lora.full, c.train.num_steps) == ('none', True, 20)
   cer_task.validate(c)
+
+
+def test_a_config_recorded_before_eval_eps_evaluates_with_cer_eps():
+  """The evaluation's ε is eval.eps (the audit's); a config from before it existed took
+  cer.eps and is read with that value (audit_config.upgrade), so its numbers stay."""
+  from ceu_jax import audit_config
+  config = smollm2_cer.get_config('tiny')
+  assert config.eval.eps == config.cer.eps == 1e-3
+  with config.unlocked():
+    del config.eval['eps']
+    config.cer.eps = 2e-3
+  with pytest.raises(ValueError, match='eval.eps is missing'):
+    cer_task.validate(config)
+  upgraded = audit_config.upgrade(config)
+  cer_task.validate(upgraded)
+  assert upgraded.eval.eps == 2e-3 and 'eps' not in config.eval
 
 
 def test_state_digest_by_leaf_equals_the_whole_tree_digest():

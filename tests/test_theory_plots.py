@@ -9,7 +9,7 @@ from ceu_jax.theory import lower_bound as t2
 from ceu_jax.theory import plots
 from ceu_jax.theory import two_channel as tc
 from ceu_jax.theory import upper_bound as t3
-from ceu_jax.theory.stats import Estimate
+from ceu_jax.metrics.resampling import Aggregate
 
 
 def _check(paths, tmp_path):
@@ -40,10 +40,10 @@ def test_plot_t2(tmp_path):
 
 def test_plot_t3_with_gamma_by_delta(tmp_path):
   etas = np.array([0.0, 0.2, 0.4])
-  rates = [Estimate(0.1, 0.05, 0.15, 100), Estimate(0.5, 0.4, 0.6, 100),
-           Estimate(0.45, 0.4, 0.5, 100)]
-  a, c = Estimate(0.7, 0.6, 0.8, 100), Estimate(1.0, 0.8, 1.2, 100)
-  reps = {f"δ={d}": t3.t3_report(etas, rates, a, Estimate(g, g - .2, g + .2, 50), c)
+  rates = [Aggregate(0.1, 0.05, 0.15, 100), Aggregate(0.5, 0.4, 0.6, 100),
+           Aggregate(0.45, 0.4, 0.5, 100)]
+  a, c = Aggregate(0.7, 0.6, 0.8, 100), Aggregate(1.0, 0.8, 1.2, 100)
+  reps = {f"δ={d}": t3.t3_report(etas, rates, a, Aggregate(g, g - .2, g + .2, 50), c)
           for d, g in [(0.0, 3.0), (0.5, 1.5)]}
   assert any(r.violations for r in reps.values())
   _check(plots.plot_t3(reps, str(tmp_path / "t3")), tmp_path)

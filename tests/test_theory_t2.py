@@ -80,7 +80,7 @@ def test_model_points_and_summary_recover_known_slope():
     adv = rng.random(n) >= 0.5 * (1 - mean_ceu)        # drop = 0.5 (1 − CEU)
     points.append(t2.t2_model_point(f"m{i}", ceu, clean, adv))
   for p in points:
-    assert p.drop.lo < p.drop.value < p.drop.hi
+    assert p.drop.ci_low < p.drop.value < p.drop.ci_high
     assert p.clean_accuracy == 1.0
   summary = t2.t2_summary(points)
   assert summary["slope"] == pytest.approx(0.5, abs=0.05)

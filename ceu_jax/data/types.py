@@ -51,12 +51,6 @@ class RetrievalBatch:
     return self.query, self.context, self.passage_ids, self.answer
 
 
-def line_masks(batch: RetrievalBatch) -> jax.Array:
-  """Per-line-slot token masks [B, L, N] (bool)."""
-  num_lines = batch.line_kind.shape[-1]
-  return batch.line_ids[:, None, :] == jnp.arange(num_lines)[None, :, None]
-
-
 def kind_mask(batch: RetrievalBatch, *kinds: LineKind) -> jax.Array:
   """Token mask [B, N] of all lines whose kind is in `kinds`."""
   per_line = jnp.isin(batch.line_kind, jnp.asarray([int(k) for k in kinds]))  # [B, L]

@@ -63,7 +63,7 @@ from ceu_jax.engine.multi import (MultiEvidenceLayout, MultiEvidenceScores,
                                   multi_evidence_probes)
 from ceu_jax.engine.nominate import (attention_mass, by_attention, by_passage,
                                      by_query_overlap, passage_containing)
-from ceu_jax.engine.probes import (CONTROL, DIS, EV, FULL, Probes,
+from ceu_jax.engine.probes import (CONTROL, DIS, EV, FULL, SPAN_PROBES, Probes,
                                    control_span, evidence_probes, full_site,
                                    port_probes, position_probes, span_probes,
                                    stack)
@@ -79,7 +79,7 @@ __all__ = [
     "Adapter", "Attention", "AuditResult", "CONTROL", "Call", "DIS", "EV",
     "EngineError", "FULL", "Input", "LiftedSiteError", "MaskShapeError",
     "MultiEvidenceLayout", "MultiEvidenceScores", "Native", "Output",
-    "PortCheck", "PortCheckError", "Probes", "Profile", "Scanned", "Site",
+    "PortCheck", "PortCheckError", "Probes", "Profile", "SPAN_PROBES", "Scanned", "Site",
     "SiteNotFoundError", "SpanUnsupportedError", "Tap", "aggregate",
     "attention_mass", "attrib", "audit", "audit_lowered", "by_attention", "by_passage",
     "by_query_overlap", "ceu", "ceu_unclipped", "check_port", "choose_pairs",

@@ -38,7 +38,7 @@ import numpy as np
 from ceu_jax.engine.adapters import APPROXIMATE, PORT_LETTERS
 from ceu_jax.engine.errors import EngineError, PortCheckError
 from ceu_jax.engine.probes import Probes
-from ceu_jax.engine.runner import (intervened_logliks, _observed_loglik,
+from ceu_jax.engine.runner import (intervened_logliks, observed_loglik,
                                    check_loglik_shape)
 from ceu_jax.engine.sites import LoglikFn, Site, check_site, record
 
@@ -101,7 +101,7 @@ def check_port(loglik_fn: LoglikFn, variables: Any, *, clean: Any,
   kinds = []                                   # traced only, not run
 
   def observe(v, c):
-    out, kind = _observed_loglik(loglik_fn, site, v, c)
+    out, kind = observed_loglik(loglik_fn, site, v, c)
     kinds.append(kind)
     return out
   jax.eval_shape(observe, variables, clean)

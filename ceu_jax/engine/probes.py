@@ -25,6 +25,7 @@ EV = "ev"            # the evidence span E(D+)
 DIS = "dis"          # a distractor span of matched format
 CONTROL = "control"  # a random non-evidence span of the evidence's length
 FULL = "full"        # the whole site
+SPAN_PROBES = (EV, DIS, CONTROL)  # the standard span probes, in `evidence_probes` order
 
 
 @flax.struct.dataclass

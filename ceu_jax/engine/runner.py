@@ -302,7 +302,7 @@ def from_logliks(L_plus: jax.Array, L_minus: jax.Array, L_int: jax.Array,
       approximate=jnp.asarray(approximate), names=tuple(names), site=site)
 
 
-def _observed_loglik(loglik_fn, site, variables, inputs):
+def observed_loglik(loglik_fn, site, variables, inputs):
   """(loglik, the site's span decomposition); checks that the site exists."""
   kind = []
 
@@ -339,7 +339,7 @@ def check_loglik_shape(out: Any, per_token: Optional[bool], what: str) -> None:
 def _audit_jit(loglik_fn, site, variables, clean, corrupt, probes, eps, *,
                chunk_size, allow_approximate, hoist, paired, per_token,
                batch_shards=1, out_sharding=None):
-  L_plus, kind = _observed_loglik(loglik_fn, site, variables, clean)
+  L_plus, kind = observed_loglik(loglik_fn, site, variables, clean)
   check_loglik_shape(L_plus, per_token, "clean")
   L_minus = loglik_fn(variables, corrupt)
   if getattr(L_minus, "shape", None) != L_plus.shape:

@@ -33,10 +33,12 @@ import numpy as np
 
 import jax
 
-from ceu_jax import io
+from ceu_jax import audit_config, io
+from ceu_jax.engine.probes import DIS, EV, SPAN_PROBES
 from ceu_jax.finetune import paired
 from ceu_jax.finetune import task as cer_task
 from ceu_jax.metrics import mean_ci
+from ceu_jax.metrics.resampling import fmt_ci
 from ceu_jax.metrics.text import exact_match, token_f1
 from ceu_jax.pretrained import audit_nq
 from ceu_jax.pretrained import lora as lora_lib
@@ -68,7 +70,7 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
   if len(pairs) < int(c.eval.num_examples):
     _log(f'only {len(pairs)} aligned held-out pairs (asked {c.eval.num_examples}): {report}')
   bs, n_tail, pad_to = int(c.eval.batch_size), int(c.data.max_answer_tokens), int(c.data.max_len)
-  eps = float(c.cer.eps)
+  eps = float(c.eval.eps)
   reader = []   # the SmolLM2Reader, built on first use (a resumed run may not need it)
 
   def answers(ps, prompts) -> list[dict]:
@@ -84,8 +86,8 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
     ps = pairs[b * bs:(b + 1) * bs]
     arrays = audit_nq.batch_arrays(task.tokenizer, ps, bs, pad_to)
     prof = audit_nq.audit_batch(variables, task.model_config, arrays, n_tail,
-                                audit_nq.SPAN_PROBES, eps)
-    new = audit_nq.batch_rows(ps, prof, audit_nq.SPAN_PROBES)
+                                SPAN_PROBES, eps)
+    new = audit_nq.batch_rows(ps, prof, SPAN_PROBES)
     by_id = {p.id: a for p, a in zip(ps, answers(ps, [p.clean_prompt for p in ps]))}
     return [{**r, **by_id[r['id']]} for r in new]
 
@@ -107,7 +109,7 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
   summary.update(step=step, trained=trained, pairs=report, wall_s=time.time() - t0,
                  read_layer=int(c.model.read_layer))
   io.write_json_atomic(os.path.join(out_dir, 'summary.json'), summary)
-  audit_nq.plot_profile(summary['profile'], audit_nq.SPAN_PROBES,
+  audit_nq.plot_profile(summary['profile'], SPAN_PROBES,
                         os.path.join(out_dir, 'plots', 'layer_profile'))
   return summary
 
@@ -143,7 +145,7 @@ def _robust_summary(rows: list[dict], config: Any) -> dict:
 def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
   """Headline metrics with 95% CIs at the trained port, and the per-layer profile."""
   cfg = types.SimpleNamespace(num_resamples=int(config.eval.num_resamples),
-                              seed=int(config.seed), eps=float(config.cer.eps))
+                              seed=int(config.seed), eps=float(config.eval.eps))
   agg = lambda x: _agg(x, config)
   layer = int(config.model.read_layer)
   at = [r for r in rows if r['layer'] == layer]
@@ -153,9 +155,9 @@ def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
   return {
       'n': len(at), 'em': agg([r['em'] for r in at]), 'f1': agg([r['f1'] for r in at]),
       'nll': agg([-r['L_plus'] for r in at]),
-      'ceu_ev': agg(ceu('ev')), 'ceu_dis': agg(ceu('dis')), 'ceu_control': agg(ceu('control')),
+      **{f'ceu_{n}': agg(ceu(n)) for n in SPAN_PROBES},
       f'supported_{TAU}': agg(supported),
-      'profile': audit_nq.summarize(rows, audit_nq.SPAN_PROBES, n_layers, cfg),
+      'profile': audit_nq.summarize(rows, SPAN_PROBES, n_layers, cfg),
   }
 
 
@@ -167,9 +169,7 @@ TABLE_METRICS = ('em', 'f1', 'nll', 'ceu_ev', 'ceu_dis', 'ceu_control', f'suppor
 
 
 def _cell(a: dict) -> str:
-  if a.get('value') is None:
-    return 'n/a'
-  return f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
+  return fmt_ci(a, missing='n/a')
 
 
 def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
@@ -213,7 +213,7 @@ def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
   fig = Figure(figsize=(7, 4))
   ax = fig.add_subplot()
   for label, s in sums:
-    for name, ls in (('ev', '-'), ('dis', ':')):
+    for name, ls in ((EV, '-'), (DIS, ':')):
       agg = [e[name]['ceu'] for e in s['profile']['per_layer']]
       layers = [e['layer'] for e in s['profile']['per_layer']]
       val = np.array([a['value'] if a['value'] is not None else np.nan for a in agg])
@@ -253,6 +253,7 @@ def run(config: Any, workdir: str, *, fresh: bool = False, allow_config_change=(
         evaluate: str = 'trained', load=None) -> dict:
   """Train (unless evaluate == 'base'), then evaluate ('trained' | 'base' | 'none')."""
   from ceu_jax.train import loop
+  config = audit_config.upgrade(config)   # recorded before eval.eps: the ε cer.eps it used
   task = cer_task.SmolLM2CERTask.from_config(config, load=load)
   out: dict = {'pairs': task.report}
   if evaluate != 'base':

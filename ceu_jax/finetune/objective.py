@@ -48,10 +48,10 @@ from ceu_jax.pretrained import patching
 from ceu_jax.pretrained.model import SmolLM, SmolLMConfig
 from ceu_jax.train.losses import LossConfig
 
-PROBES = ('ev', 'dis', 'control')  # probe names, in the order k = 1, 2, 3 adds them
+PROBES = engine.SPAN_PROBES  # the engine's probe names, in the order k = 1, 2, 3 adds them
 PATHS = ('tail', 'full')
-BATCH_KEYS = ('tokens_p', 'tokens_m', 'valid', 'answer_mask', 'span_ev', 'span_dis',
-              'span_control', 'has_dis', 'has_control')
+BATCH_KEYS = ('tokens_p', 'tokens_m', 'valid', 'answer_mask', *(f'span_{n}' for n in PROBES),
+              *(f'has_{n}' for n in PROBES[1:]))
 
 
 def check_batch(batch: dict, ids: Optional[list] = None) -> None:
@@ -128,7 +128,7 @@ def tail_intervened_logliks(params: dict, config: SmolLMConfig, layer: int,
                        corrupt['x'].shape[1:2] + (n_tail, config.width))
   for i in range(layer, config.n_layers):
     d = delta if i == layer else jnp.zeros_like(delta)
-    x = patching._layer_tail(params[f'layers_{i}'], config, x, corrupt['k'][i][:, :t0],
+    x = patching.layer_tail(params[f'layers_{i}'], config, x, corrupt['k'][i][:, :t0],
                              corrupt['v'][i][:, :t0], positions, mask, d)
   x = M.rms_norm(x, params['final_norm']['scale'], config.norm_eps)
   logits = x @ params['embed']['embedding'].T  # [Q, B, n, V]

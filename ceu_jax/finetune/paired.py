@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ceu_jax import claims, io
-from ceu_jax.grid import paired as grid_paired
+from ceu_jax.grid import aggregate, paired as grid_paired
 from ceu_jax.metrics.resampling import fmt_ci
 
 MODEL = 'SmolLM2-135M'
@@ -39,10 +39,6 @@ LABELS = {'ceu_ev': 'ceu_ev (§1: non-degenerate in both)',
           'ceu_dis': 'ceu_dis (§1: non-degenerate in both)'}
 _CLEAN = re.compile(r'^\d+\.json$')
 _DELTA = re.compile(r'^delta_(.+)_\d+\.json$')
-
-
-def _num(v) -> float:
-  return float('nan') if v is None else float(v)
 
 
 def items_from_rows(rows: Sequence[dict], read_layer: int,
@@ -61,12 +57,12 @@ def items_from_rows(rows: Sequence[dict], read_layer: int,
                      ('degenerate', 'degenerate')):
     out[key] = np.asarray([bool(r.get(field, True)) for r in at])
   for key in ('ceu_ev', 'ceu_dis', 'em', 'f1'):
-    out[key] = np.asarray([_num(r[key]) for r in at])
+    out[key] = np.asarray([aggregate.number(r[key]) for r in at])
   out['nll'] = np.asarray([-float(r['L_plus']) for r in at])
   for d, rs in sorted((robust or {}).items(), key=lambda kv: float(kv[0])):
     by_id = {r['id']: r for r in rs}
     for m in ('em', 'f1'):
-      out[f'{m} δ={d}'] = np.asarray([_num(by_id.get(i, {}).get(m)) for i in out['example_id']])
+      out[f'{m} δ={d}'] = np.asarray([aggregate.number(by_id.get(i, {}).get(m)) for i in out['example_id']])
   return out
 
 

@@ -39,7 +39,7 @@ from ceu_jax.pretrained import audit_nq
 from ceu_jax.finetune import objective as obj
 from ceu_jax.pretrained import lora as lora_lib
 from ceu_jax.pretrained.model import SmolLMConfig
-from ceu_jax import fields
+from ceu_jax import audit_config, fields
 from ceu_jax import sharding as sharding_lib
 from ceu_jax.train import config as config_lib
 from ceu_jax.train.losses import LossConfig
@@ -70,6 +70,7 @@ LORA_FIELDS = {
 EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, True),
                'best_metric': fields.one_of(*config_lib.BEST_METRICS),
                'num_resamples': fields.ge(0, True), 'max_new_tokens': fields.ge(1, True),
+               'eps': audit_config.EVAL_FIELDS['eps'],
                'delta_test': lambda x: None if isinstance(x, (tuple, list)) and all(
                    fields.is_num(d) and 0.0 <= float(d) <= 1.0 for d in x) else
                'must be a tuple of distractor strengths in [0, 1] (may be empty)'}
@@ -256,10 +257,9 @@ def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int) -> dict:
     for n in obj.PROBES:
       spans[n][i, off + np.asarray(getattr(p, n), int)] = True
   batch = {'tokens_p': bp.tokens, 'tokens_m': bm.tokens, 'valid': bp.valid,
-           'answer_mask': bp.answer_mask, 'span_ev': spans['ev'], 'span_dis': spans['dis'],
-           'span_control': spans['control'],
-           'has_dis': np.array([bool(p.dis) for p in pairs]),
-           'has_control': np.array([bool(p.control) for p in pairs])}
+           'answer_mask': bp.answer_mask, **{f'span_{n}': spans[n] for n in obj.PROBES},
+           **{f'has_{n}': np.array([bool(getattr(p, n)) for p in pairs])
+              for n in obj.PROBES[1:]}}
   obj.check_batch(batch, [p.id for p in pairs])
   return batch
 
@@ -281,7 +281,9 @@ class SmolLM2CERTask:
 
   @classmethod
   def from_config(cls, config: Any, *, load=None) -> 'SmolLM2CERTask':
-    """Validates, loads the GGUF model (or `load()` -> (model_config, params, tok)), builds pairs."""
+    """Validates, loads the GGUF model (or `load()` -> (model_config, params, tok)), builds
+    pairs. A config recorded before eval.eps is read with the ε its evaluation used."""
+    config = audit_config.upgrade(config)
     validate(config)
     if load is None:
       from ceu_jax.pretrained import load_smollm2, load_tokenizer

@@ -20,8 +20,11 @@ import io as _io
 import os
 from typing import Iterable
 
+import numpy as np
+
 from ceu_jax import io
 from ceu_jax.grid import runner
+from ceu_jax.metrics.resampling import Aggregate
 
 # Strata of a task's examples (ceu_jax.data.tasks.TaskSpec.strata; ATR-insert with a ρ
 # prior: evidence present and the answer memorisable, or not) and the metrics each
@@ -34,6 +37,22 @@ METRICS = ("em", "nll", "ceu_ev", "ceu_dis", "ceu_control", "ceu_ev_fixed", "ceu
                f"{m}_{s}" for s in STRATA for m in STRATUM_METRICS)
 CONDITION_FIELDS = ("condition", "eta_test", "delta_test", "n_test")
 ID_FIELDS = ("cell_id", "index")
+
+
+def number(v) -> float:
+  """A row's cell as a float (results.csv holds strings); NaN when empty or not a number."""
+  try:
+    return float(v)
+  except (TypeError, ValueError):
+    return np.nan
+
+
+def row_aggregate(row: dict, metric: str) -> Aggregate:
+  """<metric>, <metric>_lo, <metric>_hi, <metric>_n of a row as an Aggregate (NaN: absent)."""
+  v, lo, hi, n = (number(row.get(k)) for k in (metric, f"{metric}_lo", f"{metric}_hi",
+                                               f"{metric}_n"))
+  some = lambda x: float(x) if np.isfinite(x) else None
+  return Aggregate(some(v), some(lo), some(hi), int(n) if np.isfinite(n) else 0)
 
 
 def result_rows(results: Iterable[dict]) -> list[dict]:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ceu_jax import claims
+from ceu_jax.engine.probes import DIS
 
 ACCURATE = 0.75       # H1: a baseline is "accurate" with at least this clean EM
 UNUSED_SHARE = 0.25   # H1: ... and at least this share of items correct without evidence use
@@ -84,7 +85,7 @@ def item_pairs(metric: str, a: dict, b: dict) -> tuple[np.ndarray, np.ndarray]:
   if metric == "unused":   # correct but not supported (H1), A = B's own rows twice
     return a["correct"].astype(float), _supported(a).astype(float)
   probe = metric.split("_")[1]                     # ceu_ev, ceu_ev_fixed, ceu_dis, ...
-  keep = a["has_evidence"] & (a["dis_found"] if probe == "dis" else True)
+  keep = a["has_evidence"] & (a[f"{DIS}_found"] if probe == DIS else True)
   if metric.endswith("_fixed"):
     fa = np.where(a["degenerate"], 0.0, a[f"ceu_{probe}"])
     fb = np.where(b["degenerate"], 0.0, b[f"ceu_{probe}"])

@@ -19,6 +19,8 @@ from matplotlib.figure import Figure
 
 from ceu_jax import io, plotting
 from ceu_jax.grid import aggregate
+from ceu_jax.grid.aggregate import number
+from ceu_jax.metrics.resampling import fmt_ci
 
 FAMILY = "model.family"
 REG = "cer.regularizer"
@@ -27,13 +29,6 @@ UNITS = {"em": "exact match (fraction)", "ceu_ev": "CEU_ev (fraction restored)",
 XLABEL = {"delta_test": "test distractor rate δ (share of lines)",
           "n_test": "test context length n (tokens)",
           "eta_test": "test miss rate η (share of examples)"}
-
-
-def _num(v):
-  try:
-    return float(v)
-  except (TypeError, ValueError):
-    return np.nan
 
 
 def _group(rows: Iterable[dict], key: Callable[[dict], tuple]) -> dict:
@@ -74,7 +69,7 @@ class Skipped(Exception):
 
 
 def _distinct(values) -> list[float]:
-  return sorted({v for v in (_num(x) for x in values) if np.isfinite(v)})
+  return sorted({v for v in (number(x) for x in values) if np.isfinite(v)})
 
 
 LINESTYLES = ("-", "--", ":", "-.")
@@ -100,7 +95,7 @@ def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = 
   marker and line style = the rest of the setting; one legend below the panels, outside
   the axes. Raises Skipped when the grid tests a single value of the knob."""
   rows = _shift_rows(rows, x)
-  xs_all = _distinct(r.get(x) for r in rows if np.isfinite(_num(r.get(metrics[0]))))
+  xs_all = _distinct(r.get(x) for r in rows if np.isfinite(number(r.get(metrics[0]))))
   if len(xs_all) < 2:
     raise Skipped(f"{XLABEL[x].split(' (')[0]} takes {len(xs_all)} value(s) "
                   f"{[float(v) for v in xs_all]} in this grid: nothing to plot against")
@@ -112,8 +107,8 @@ def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = 
   handles = {}
   for ax, metric in zip(axes, metrics):
     for (name,), series in groups.items():
-      pts = sorted((_num(r.get(x)), _num(r.get(metric)), _num(r.get(f"{metric}_lo")),
-                    _num(r.get(f"{metric}_hi"))) for r in series)
+      pts = sorted((number(r.get(x)), number(r.get(metric)), number(r.get(f"{metric}_lo")),
+                    number(r.get(f"{metric}_hi"))) for r in series)
       pts = [p for p in pts if np.isfinite(p[0]) and np.isfinite(p[1])]
       if not pts:
         continue
@@ -157,8 +152,8 @@ def pareto_figure(rows: Sequence[dict], label: Callable[[dict], str] = series_la
   architecture through the means. Settings are named in a legend outside the axes,
   never by text on the points, so no two labels can overlap."""
   clean = [r for r in rows if r.get("condition") == "clean"]
-  finite = [r for r in clean if np.isfinite(_num(r.get("em")))
-            and np.isfinite(_num(r.get("supported_0.5")))]
+  finite = [r for r in clean if np.isfinite(number(r.get("em")))
+            and np.isfinite(number(r.get("supported_0.5")))]
   if len(finite) < 2:
     raise Skipped(f"{len(finite)} cell(s) with clean EM and supported-answer rate: no "
                   "frontier to draw")
@@ -169,14 +164,14 @@ def pareto_figure(rows: Sequence[dict], label: Callable[[dict], str] = series_la
   rests = sorted({label(r).split(" / ", 1)[-1] for r in finite})
   markers = {t: MARKERS[i % len(MARKERS)] for i, t in enumerate(rests)}
   for r in sorted(finite, key=label):
-    x, y = _num(r.get("em")), _num(r.get("supported_0.5"))
+    x, y = number(r.get("em")), number(r.get("supported_0.5"))
     xerr = [[_err(r, "em", lo=True)], [_err(r, "em", lo=False)]]
     yerr = [[_err(r, "supported_0.5", lo=True)], [_err(r, "supported_0.5", lo=False)]]
     ax.errorbar([x], [y], xerr=xerr, yerr=yerr,
                 fmt=markers[label(r).split(" / ", 1)[-1]], color=colors[str(r.get(FAMILY))],
                 ms=6, capsize=2, lw=0.8, label=label(r))
   for family in families:
-    pts = np.asarray([(_num(r.get("em")), _num(r.get("supported_0.5"))) for r in finite
+    pts = np.asarray([(number(r.get("em")), number(r.get("supported_0.5"))) for r in finite
                       if str(r.get(FAMILY)) == family])
     front = pareto_front(pts)
     ax.plot(front[:, 0], front[:, 1], color=colors[family], alpha=0.5, lw=1)
@@ -186,7 +181,7 @@ def pareto_figure(rows: Sequence[dict], label: Callable[[dict], str] = series_la
 
 
 def _err(r: dict, m: str, lo: bool) -> float:
-  v, b = _num(r.get(m)), _num(r.get(f"{m}_lo" if lo else f"{m}_hi"))
+  v, b = number(r.get(m)), number(r.get(f"{m}_lo" if lo else f"{m}_hi"))
   return max(0.0, (v - b) if lo else (b - v)) if np.isfinite(b) else 0.0
 
 
@@ -207,13 +202,13 @@ def plot_k_gain(rows: Sequence[dict], stem: str) -> list[str]:  # pylint: disabl
   fig = Figure(figsize=(5.5, 4.2))
   ax = fig.subplots()
   for (family,), series in _group(clean, lambda r: (r.get(FAMILY),)).items():
-    base = [_num(r.get("ceu_ev")) for r in series if r.get(REG, "none") == "none"]
+    base = [number(r.get("ceu_ev")) for r in series if r.get(REG, "none") == "none"]
     cer = [r for r in series if r.get(REG, "none") != "none"]
     if not base or not cer:
       continue
-    by_k = _group(cer, lambda r: (_num(r.get("cer.k")),))
+    by_k = _group(cer, lambda r: (number(r.get("cer.k")),))
     ks = sorted(k for (k,) in by_k)
-    gains = [np.nanmean([_num(r.get("ceu_ev")) - base[0] for r in by_k[(k,)]]) / k for k in ks]
+    gains = [np.nanmean([number(r.get("ceu_ev")) - base[0] for r in by_k[(k,)]]) / k for k in ks]
     ax.plot(ks, gains, marker="o", label=family)
   ax.axhline(0, color="grey", lw=0.8)
   return _finish(fig, ax, "probes per example k (extra forward passes)",
@@ -259,19 +254,14 @@ def load_examples(workdir: str, results: Sequence[dict],
     with open(path, newline="") as f:
       ex = list(csv.DictReader(f))
     seed = f", seed {res['config'].get('seed')}" if "seed" in res["config"] else ""
-    out[f"{label(res['config'])}{seed} [{res['cell_id'][:6]}]"] = dict(ceu_ev=np.asarray([_num(e.get("ceu_ev")) for e in ex]),
+    out[f"{label(res['config'])}{seed} [{res['cell_id'][:6]}]"] = dict(ceu_ev=np.asarray([number(e.get("ceu_ev")) for e in ex]),
                       correct=np.asarray([e.get("correct") in ("1", "True", "true") for e in ex]))
   return out
 
 
 def _fmt_ci(r: dict, metric: str, with_n: bool = False) -> str:
-  v, lo, hi = (_num(r.get(k)) for k in (metric, f"{metric}_lo", f"{metric}_hi"))
-  n = _num(r.get(f"{metric}_n"))
-  n_txt = f" (n={int(n)})" if with_n and np.isfinite(n) else ""
-  if not np.isfinite(v):
-    return "–" + n_txt
-  ci = f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) and np.isfinite(hi) else ""
-  return f"{v:.3f}{ci}{n_txt}"
+  with_n = with_n and bool(np.isfinite(number(r.get(f"{metric}_n"))))
+  return fmt_ci(aggregate.row_aggregate(r, metric), with_n=with_n, missing="–")
 
 
 CEU_METRICS = ("ceu_ev", "ceu_dis", "ceu_control")
@@ -314,7 +304,7 @@ def _fmt_sd(r: dict, metric: str, with_n: bool = False) -> str:
   """'mean ± sd' over seeds (a seeds.by_setting row); one seed: 'value [CI]'."""
   if int(r.get("n_seeds", 1)) < 2:
     return _fmt_ci(r, metric, with_n)
-  v, sd, n = _num(r.get(metric)), _num(r.get(f"{metric}_sd")), _num(r.get(f"{metric}_n"))
+  v, sd, n = number(r.get(metric)), number(r.get(f"{metric}_sd")), number(r.get(f"{metric}_n"))
   n_txt = f" (n≥{int(n)})" if with_n and np.isfinite(n) else ""
   return ("–" if not np.isfinite(v) else f"{v:.3f} ± {sd:.3f}") + n_txt
 
@@ -360,7 +350,7 @@ def strata_table(agg: Sequence[dict], varying: Sequence[str] = ()) -> str | None
   value [95% CI]). None when the rows carry no strata."""
   clean = [r for r in agg if r.get("condition") == "clean"]
   strata = [s for s in aggregate.STRATA
-            if any(np.isfinite(_num(r.get(f"em_{s}"))) for r in clean)]
+            if any(np.isfinite(number(r.get(f"em_{s}"))) for r in clean)]
   if not strata:
     return None
   extra = _extra(varying)
@@ -387,7 +377,7 @@ def strata_table(agg: Sequence[dict], varying: Sequence[str] = ()) -> str | None
 
 
 def _n_range(rows: Sequence[dict], metric: str) -> str:
-  ns = sorted({int(n) for r in rows if np.isfinite(n := _num(r.get(f"{metric}_n")))})
+  ns = sorted({int(n) for r in rows if np.isfinite(n := number(r.get(f"{metric}_n")))})
   return "?" if not ns else str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
 
 

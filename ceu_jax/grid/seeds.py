@@ -28,17 +28,12 @@ from typing import Sequence
 import numpy as np
 
 from ceu_jax.grid import aggregate
+from ceu_jax.grid.aggregate import number
+from ceu_jax.metrics.resampling import fmt_ci
 
 SEED = "seed"
 # Columns that differ between the cells of one setting (never part of the setting).
 PER_CELL = ("cell_id", "index", SEED)
-
-
-def _num(v) -> float:
-  try:
-    return float(v)
-  except (TypeError, ValueError):
-    return np.nan
 
 
 def setting_fields(results: Sequence[dict]) -> list[str]:
@@ -63,7 +58,7 @@ def by_setting(rows: Sequence[dict], fields: Sequence[str]) -> list[dict]:
   """One row per (setting, condition): mean ± sd over seeds (module doc); `fields`:
   the config fields of a setting (`setting_fields(results)`)."""
   groups: dict[tuple, list[dict]] = collections.OrderedDict()
-  for r in sorted(rows, key=lambda r: (_num(r.get("index")), _num(r.get(SEED)))):
+  for r in sorted(rows, key=lambda r: (number(r.get("index")), number(r.get(SEED)))):
     groups.setdefault(_key(r, fields), []).append(r)
   out = []
   for members in groups.values():
@@ -75,22 +70,22 @@ def by_setting(rows: Sequence[dict], fields: Sequence[str]) -> list[dict]:
     first = members[0]
     row = {k: first.get(k) for k in fields}
     row.update({k: first.get(k) for k in aggregate.CONDITION_FIELDS if k in first})
-    row["index"] = min(_num(r.get("index")) for r in members)
+    row["index"] = min(number(r.get("index")) for r in members)
     row["n_seeds"] = len(members)
     row["seeds"] = " ".join(str(s) for s in seeds)
     for m in aggregate.METRICS:
       if not any(m in r for r in members):
         continue
-      vals = np.asarray([_num(r.get(m)) for r in members])
+      vals = np.asarray([number(r.get(m)) for r in members])
       ok = vals[np.isfinite(vals)]
       mean = float(ok.mean()) if ok.size else np.nan
       sd = float(ok.std(ddof=1)) if ok.size > 1 else np.nan
       row[m], row[f"{m}_sd"] = mean, sd
       if len(members) == 1:
-        row[f"{m}_lo"], row[f"{m}_hi"] = _num(first.get(f"{m}_lo")), _num(first.get(f"{m}_hi"))
+        row[f"{m}_lo"], row[f"{m}_hi"] = number(first.get(f"{m}_lo")), number(first.get(f"{m}_hi"))
       else:
         row[f"{m}_lo"], row[f"{m}_hi"] = mean - sd, mean + sd
-      ns = [_num(r.get(f"{m}_n")) for r in members]
+      ns = [number(r.get(f"{m}_n")) for r in members]
       ns = [n for n in ns if np.isfinite(n)]
       row[f"{m}_n"] = int(min(ns)) if ns else None
       row[f"{m}_seed_ci"] = "; ".join(_ci_text(r, m) for r in members)
@@ -99,10 +94,7 @@ def by_setting(rows: Sequence[dict], fields: Sequence[str]) -> list[dict]:
 
 
 def _ci_text(r: dict, m: str) -> str:
-  v, lo, hi = (_num(r.get(k)) for k in (m, f"{m}_lo", f"{m}_hi"))
-  if not np.isfinite(v):
-    return "–"
-  return f"{v:.3f} [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) and np.isfinite(hi) else f"{v:.3f}"
+  return fmt_ci(aggregate.row_aggregate(r, m), missing="–")
 
 
 def spread_kind(rows: Sequence[dict]) -> str:

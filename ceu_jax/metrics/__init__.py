@@ -1,5 +1,6 @@
 """Host-side metrics of ceu-jax (SPEC §5, §8): correctness, calibration, CEU
-summaries, bootstrap CIs and the audit summary. Pure numpy."""
+summaries, bootstrap CIs and the audit summary. Numpy; the probe names and the CEU
+formula come from the engine."""
 from ceu_jax.metrics.audit import summarize_audit
 from ceu_jax.metrics.audit import summarize_groups
 from ceu_jax.metrics.resampling import Aggregate

@@ -5,6 +5,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ceu_jax.engine.probes import DIS, EV, SPAN_PROBES
 from ceu_jax.metrics import resampling as bs
 from ceu_jax.metrics import calibration
 from ceu_jax.metrics import summary
@@ -82,19 +83,18 @@ def _deltas(rows: Rows, boot: dict) -> dict:
   if "L_minus" not in rows:
     return {}
   l_minus = _get(rows, "L_minus")
-  sources = {"delta_L": "L_plus", "delta_ev": "L_int_ev",
-             "delta_dis": "L_int_dis", "delta_control": "L_int_control"}
+  sources = {"delta_L": "L_plus", **{f"delta_{p}": f"L_int_{p}" for p in SPAN_PROBES}}
   return {name: summary.delta_stats(_get(rows, key) - l_minus, **boot)
           for name, key in sources.items() if key in rows}
 
 
 # Per probe: the row column (bool) that says the probe's span exists for the example.
-PROBE_EXISTS = {"dis": "dis_found"}
+PROBE_EXISTS = {DIS: f"{DIS}_found"}
 
 
 def _ceu_sections(rows: Rows, degenerate: np.ndarray | None, eps: float,
                   taus: Sequence[float], boot: dict) -> dict:
-  ceus = {k: c for k in summary.CEU_KINDS
+  ceus = {k: c for k in SPAN_PROBES
           if (c := _ceu(rows, k, eps)) is not None}
   if not ceus:
     return {}
@@ -114,10 +114,10 @@ def _ceu_sections(rows: Rows, degenerate: np.ndarray | None, eps: float,
     # with the span, degenerate gaps counted as 0 (no evidence effect to restore).
     out["ceu"][k]["fixed_denominator"] = summary.ceu_fixed_denominator(
         c[keep], degenerate[keep], **boot)
-  if "ev" in ceus and correct is not None:
+  if EV in ceus and correct is not None:
     # Every example is in the denominator; one without evidence is never supported.
     out["supported_answer_rate"] = summary.supported_answer_rate(
-        correct, np.where(evidence, ceus["ev"], 0.0), degenerate | ~evidence, taus, **boot)
+        correct, np.where(evidence, ceus[EV], 0.0), degenerate | ~evidence, taus, **boot)
   return out
 
 

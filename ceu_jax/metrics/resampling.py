@@ -28,15 +28,40 @@ VectorStatistic = Callable[..., np.ndarray]
 
 @dataclasses.dataclass(frozen=True)
 class Aggregate:
-  """One reported number: value, bootstrap CI bounds and sample size n."""
+  """One reported number: value, bootstrap CI bounds and sample size n.
+
+  `n_excluded` (examples left out: masked, degenerate, non-finite) and `note`
+  (e.g. why a value is infinite) are what the theory's estimators add; both are
+  written by `to_dict` only when set. An absent value or endpoint is None.
+  """
   value: float | None
   ci_low: float | None
   ci_high: float | None
   n: int
+  n_excluded: int = 0
+  note: str = ""
 
   def to_dict(self) -> dict:
-    """JSON-able dict {value, ci_low, ci_high, n}."""
-    return dataclasses.asdict(self)
+    """JSON-able dict {value, ci_low, ci_high, n} (+ n_excluded, note when set)."""
+    d = dataclasses.asdict(self)
+    for key in ("n_excluded", "note"):
+      if not d[key]:
+        del d[key]
+    return d
+
+  @classmethod
+  def from_dict(cls, d: Mapping | None) -> "Aggregate":
+    """The inverse of `to_dict`; None or {} gives `EMPTY`. Reads the theory's files
+    written before the one type (bounds.json: 'lo', 'hi', 'level') too."""
+    if not d:
+      return EMPTY
+    return cls(d.get("value"), d.get("ci_low", d.get("lo")), d.get("ci_high", d.get("hi")),
+               int(d.get("n") or 0), int(d.get("n_excluded") or 0), str(d.get("note") or ""))
+
+  def floats(self) -> tuple[float, float, float]:
+    """(value, ci_low, ci_high) with NaN for an absent one: for arithmetic and plots."""
+    return tuple(np.nan if x is None else float(x)
+                 for x in (self.value, self.ci_low, self.ci_high))
 
   def contains(self, x: float) -> bool:
     """Whether x lies in the closed CI [ci_low, ci_high] (False when n == 0)."""
@@ -49,22 +74,28 @@ EMPTY = Aggregate(None, None, None, 0)
 
 
 def fmt_ci(a: "Aggregate | Mapping | None", digits: int = 3, *, signed: bool = False,
-           with_n: bool = False, missing: str = "—") -> str:
+           with_n: bool = False, missing: str = "—", style: str = "f",
+           scale: float = 1.0) -> str:
   """The one way a reported number is printed: 'value [ci_low, ci_high]' (+ ' (n=..)').
 
-  `a`: an Aggregate or its dict ({value, ci_low, ci_high, n}); `signed`: '+0.12';
-  `missing` for an absent value (no examples). A value without a CI prints alone."""
+  `a`: an Aggregate or its dict; `digits` after the point (style 'f') or significant
+  (style 'g', the bounds report's: an exact −0 prints '0'); `signed`: '+0.12';
+  `scale` multiplies value and endpoints (100: percentage points); `missing` for an
+  absent or NaN value (no examples). A value without a CI prints alone; ±inf prints 'inf'.
+  """
   if a is None:
     return missing
   if isinstance(a, Mapping):
-    a = Aggregate(a.get("value"), a.get("ci_low"), a.get("ci_high"), int(a.get("n") or 0))
+    a = Aggregate.from_dict(a)
   n_txt = f" (n={a.n})" if with_n else ""
-  if a.value is None or not np.isfinite(a.value):
+  if a.value is None or np.isnan(a.value):
     return missing + n_txt
-  f = f"{{:{'+' if signed else ''}.{digits}f}}"
+  spec = f"{'+' if signed else ''}.{digits}{style}"
+  zero = 0.0 if style == "g" else -0.0     # x + 0.0 turns −0.0 into 0.0; x + −0.0 keeps x
+  f = lambda x: format(scale * x + zero, spec)
   ci = ("" if a.ci_low is None or a.ci_high is None
-        else f" [{f.format(a.ci_low)}, {f.format(a.ci_high)}]")
-  return f.format(a.value) + ci + n_txt
+        else f" [{f(a.ci_low)}, {f(a.ci_high)}]")
+  return f(a.value) + ci + n_txt
 
 
 def _resample_chunks(n: int, num_resamples: int, seed: int):
@@ -96,9 +127,16 @@ def _finite(x: float) -> float | None:
   return x
 
 
+def _number(x: float) -> float | None:
+  """A lenient bootstrap's number: NaN -> None (absent), ±inf kept."""
+  x = float(x)
+  return None if np.isnan(x) else x
+
+
 def bootstrap(statistic: VectorStatistic, *samples: np.ndarray,
               num_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
-              level: float = DEFAULT_LEVEL) -> Aggregate:
+              level: float = DEFAULT_LEVEL, method: str = "linear",
+              strict: bool = True) -> Aggregate:
   """Percentile-bootstrap CI of a vectorised statistic of aligned samples.
 
   Args:
@@ -109,6 +147,13 @@ def bootstrap(statistic: VectorStatistic, *samples: np.ndarray,
     num_resamples: number of bootstrap resamples R.
     seed: seed of the index generator (numpy default_rng).
     level: CI coverage, e.g. 0.95 -> the 2.5th and 97.5th percentiles.
+    method: `np.quantile`'s method for the endpoints (the theory's ĉ uses
+      'inverted_cdf': its resamples may be +inf).
+    strict: True (every reported aggregate): the statistic and both endpoints
+      must be finite, else ValueError. False (the theory's estimators): the
+      point value may be ±inf (NaN reads None), NaN resample values are left out
+      of the quantiles, and there is no CI (None) below 2 examples or when no
+      resample value is left.
 
   Returns:
     Aggregate(value, ci_low, ci_high, n); `EMPTY` when n == 0.
@@ -117,13 +162,20 @@ def bootstrap(statistic: VectorStatistic, *samples: np.ndarray,
   n = _check_samples(samples)
   if n == 0:
     return EMPTY
-  value = _finite(np.asarray(statistic(*(s[None] for s in samples)))[0])
+  number = _finite if strict else _number
+  value = number(np.asarray(statistic(*(s[None] for s in samples)))[0])
+  if not strict and n < 2:
+    return Aggregate(value, None, None, n)
   stats = [np.asarray(statistic(*(s[idx] for s in samples)), dtype=np.float64)
            for idx in _resample_chunks(n, num_resamples, seed)]
   stats = np.concatenate(stats)
+  if not strict:
+    stats = stats[~np.isnan(stats)]
+    if stats.size == 0:
+      return Aggregate(value, None, None, n)
   alpha = (1.0 - level) / 2.0
-  low, high = np.quantile(stats, [alpha, 1.0 - alpha])
-  return Aggregate(value, _finite(low), _finite(high), n)
+  low, high = np.quantile(stats, [alpha, 1.0 - alpha], method=method)
+  return Aggregate(value, number(low), number(high), n)
 
 
 def bootstrap_scalar(statistic: Callable[..., float], *samples: np.ndarray,

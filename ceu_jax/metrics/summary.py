@@ -10,12 +10,12 @@ from typing import Sequence
 
 import numpy as np
 
+from ceu_jax.engine import scores
 from ceu_jax.metrics import resampling as bs
 
 DEFAULT_TAUS = (0.25, 0.5, 0.75)
 DEFAULT_EPS = 1e-3
 CEU_QUANTILES = {"q10": 0.10, "q25": 0.25}
-CEU_KINDS = ("ev", "dis", "control")   # probe names (ceu_jax.retrieval_adapter.PROBES)
 
 
 def _tau_key(tau: float) -> str:
@@ -27,7 +27,6 @@ def stabilised_ceu(l_int: np.ndarray, l_minus: np.ndarray, l_plus: np.ndarray,
   """(CEU with NaN where degenerate, degenerate) of per-example log-likelihoods, by the
   engine's formula (`ceu_jax.engine.scores`: the project's one CEU definition, SPEC §1),
   for rows that carry L_int but no ceu column."""
-  from ceu_jax.engine import scores  # pylint: disable=g-import-not-at-top  (jax: only here)
   ceu = np.asarray(scores.ceu(l_int, l_plus, l_minus, eps), np.float64)
   degenerate = np.asarray(scores.degenerate(l_plus, l_minus, eps))
   return np.where(degenerate, np.nan, ceu), degenerate

@@ -51,15 +51,14 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ceu_jax import engine, jobs
+from ceu_jax.engine.probes import CONTROL, DIS, EV, SPAN_PROBES
 from ceu_jax.metrics import mean_ci
 from ceu_jax.pretrained import probe_spans
 
-# Probe names (the engine's row names; results are read by these, never by position).
-EV = 'ev'  # the evidence span E (the answer mentions)
-DIS = 'dis'  # a distractor mention of E's token count
-CONTROL = 'control'  # a random context span of E's token count
-SITE = 'site'  # the whole read port
-SPAN_PROBES = (EV, DIS, CONTROL)
+# Probe names: the engine's (results are read by these, never by position). EV is the
+# evidence span E (the answer mentions), DIS a distractor mention of E's token count,
+# CONTROL a random context span of E's token count; SITE the whole read port.
+SITE = 'site'
 OPTIONAL_PROBES = (DIS, CONTROL)  # may be absent for an item (no valid span)
 SUBSTITUTE_SOURCES = ('dataset', 'swap_equal', 'drawn')  # where a substitute entity comes from
 CONTEXT_PREFIX = 'Context: '  # ceu_jax.pretrained.format_prompt starts with this

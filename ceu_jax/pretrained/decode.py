@@ -68,7 +68,7 @@ def _attend(q, pre_k, pre_v, ctx_k, ctx_v, ctx_mask, k, v, self_mask):
   b, t, hq, dh = q.shape
   kv = k.shape[-2]
   c, s_len = pre_k.shape[0], ctx_k.shape[1]
-  qg = M._f32(q.reshape(b, t, kv, hq // kv, dh))
+  qg = M.as_f32(q.reshape(b, t, kv, hq // kv, dh))
   s_pre = jnp.einsum('btkgd,ckd->bkgtc', qg, pre_k.astype(qg.dtype))
   s_ctx = jnp.einsum('btkgd,bskd->bkgts', qg, ctx_k.astype(qg.dtype))
   s_new = jnp.einsum('btkgd,bskd->bkgts', qg, k.astype(qg.dtype))
@@ -220,7 +220,7 @@ def tail_loglik(params: dict, config: SmolLMConfig, tokens: jax.Array, valid: ja
   vin = valid[:, :-1]
   logits, _, _ = forward(params, config, tokens[:, :-1], M.positions_from_valid(vin), vin,
                          e0, e0, e1, e1, jnp.zeros((b, 0), bool), n_logits=n_tail)
-  logp = jax.nn.log_softmax(M._f32(logits), axis=-1)
+  logp = jax.nn.log_softmax(M.as_f32(logits), axis=-1)
   tgt = tokens[:, t - n_tail:]
   tok = jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
   return jnp.where(answer_mask[:, t - n_tail:], tok, 0.0).sum(-1)

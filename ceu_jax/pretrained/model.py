@@ -59,14 +59,14 @@ class SmolLMConfig:
 # ----------------------------------------------------------------------------
 
 
-def _f32(x: jax.Array) -> jax.Array:
+def as_f32(x: jax.Array) -> jax.Array:
   """x in at least float32 (float64 stays float64 under jax x64)."""
   return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   """RMSNorm over the last axis: x / rms(x) * scale."""
-  x32 = _f32(x)
+  x32 = as_f32(x)
   y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
   return (y * scale).astype(x.dtype)
 
@@ -87,12 +87,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
   attention weights are unchanged and the reshuffle is skipped.
   """
   half = x.shape[-1] // 2
-  ft = _f32(x).dtype
+  ft = as_f32(x).dtype
   inv_freq = base ** (-jnp.arange(half, dtype=ft) * 2.0 / x.shape[-1])
   ang = positions.astype(ft)[..., None, None] * inv_freq  # [..., T, 1, Dh/2]
   cos, sin = jnp.cos(ang), jnp.sin(ang)
-  x1 = _f32(x[..., 0::2])
-  x2 = _f32(x[..., 1::2])
+  x1 = as_f32(x[..., 0::2])
+  x2 = as_f32(x[..., 1::2])
   out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
   return out.astype(x.dtype)
 
@@ -113,7 +113,7 @@ def attention_weights(q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
   """
   *lead, tq, h, dh = q.shape
   kv = k.shape[-2]
-  qg = _f32(q.reshape(*lead, tq, kv, h // kv, dh))
+  qg = as_f32(q.reshape(*lead, tq, kv, h // kv, dh))
   s = jnp.einsum('...qkgd,...skd->...kgqs', qg, k.astype(qg.dtype))
   s = s * (dh ** -0.5)
   m = mask[..., None, None, :, :]

@@ -56,7 +56,7 @@ def tail_loglik(logits: jax.Array, tokens: jax.Array,
   """
   n, t = logits.shape[-2], tokens.shape[-1]
   tgt = tokens[:, t - n:]
-  logp = jax.nn.log_softmax(M._f32(logits), axis=-1)
+  logp = jax.nn.log_softmax(M.as_f32(logits), axis=-1)
   tok = jnp.take_along_axis(logp, jnp.broadcast_to(tgt[..., None], logp.shape[:-1] + (1,)),
                             axis=-1)[..., 0]
   return jnp.where(answer_mask[:, t - n:], tok, 0.0).sum(-1)
@@ -119,7 +119,7 @@ def answer_positions(answer_mask: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=('config',))
-def _next_token(variables, config, tokens, valid):
+def greedy_next_token(variables, config, tokens, valid):
   logits = SmolLM(config).apply(variables, tokens, valid, n_logits=1)
   return jnp.argmax(logits[:, -1], axis=-1)
 
@@ -139,7 +139,7 @@ def greedy_generate(variables: dict, config: SmolLMConfig, prompt_ids: list[int]
   tokens[0, n_new:], valid[0, n_new:] = prompt_ids, True
   out = []
   for _ in range(n_new):
-    nxt = int(_next_token(variables, config, tokens, valid)[0])
+    nxt = int(greedy_next_token(variables, config, tokens, valid)[0])
     out.append(nxt)
     tokens = np.concatenate([tokens[:, 1:], [[nxt]]], axis=1)
     valid = np.concatenate([valid[:, 1:], [[True]]], axis=1)
@@ -172,7 +172,7 @@ def _attend_tail(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, k: jax.Array,
   p, b, n, h, dh = q.shape
   kv = k.shape[-2]
   t0 = k_pre.shape[1]
-  qg = M._f32(q.reshape(p, b, n, kv, h // kv, dh))
+  qg = M.as_f32(q.reshape(p, b, n, kv, h // kv, dh))
   s_pre = jnp.einsum('pbqkgd,bskd->pbkgqs', qg, k_pre.astype(qg.dtype))
   s_new = jnp.einsum('pbqkgd,pbskd->pbkgqs', qg, k.astype(qg.dtype))
   s = jnp.concatenate([s_pre, s_new], axis=-1) * (dh ** -0.5)
@@ -183,7 +183,7 @@ def _attend_tail(q: jax.Array, k_pre: jax.Array, v_pre: jax.Array, k: jax.Array,
   return out.reshape(p, b, n, h, dh)
 
 
-def _layer_tail(p: dict, config: SmolLMConfig, x: jax.Array, k_pre: jax.Array,
+def layer_tail(p: dict, config: SmolLMConfig, x: jax.Array, k_pre: jax.Array,
                 v_pre: jax.Array, positions: jax.Array, mask: jax.Array,
                 delta: jax.Array) -> jax.Array:
   """One decoder layer on the tail only: x [R, B, n, E] -> [R, B, n, E].
@@ -252,7 +252,7 @@ def _patched_hidden(variables: dict, config: SmolLMConfig, clean: dict, corrupt:
       p, x_corr, k_pre, v_pre, i = xs
       x = jnp.where((ent >= i)[:, None, None, None], x_corr[None], x)
       d = dl * (ent == i)[:, None, None, None, None].astype(dl.dtype)
-      return _layer_tail(p, c, x, k_pre, v_pre, positions, mask, d), None
+      return layer_tail(p, c, x, k_pre, v_pre, positions, mask, d), None
 
     x, _ = jax.lax.scan(body, x, jax.tree.map(lambda a: a[lo:hi], xs_all))
   x = M.rms_norm(x, params['final_norm']['scale'], c.norm_eps)

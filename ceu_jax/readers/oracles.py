@@ -66,7 +66,7 @@ def _same(a: Answer, b: Answer) -> bool:
   return tuple(a) == tuple(b)
 
 
-class _Oracle(base.Reader[Any, Answer]):
+class Oracle(base.Reader[Any, Answer]):
   """Shared machinery: subclasses define `answer(prompt, id) -> Answer`."""
   miss_loglik: float
 
@@ -111,7 +111,7 @@ class _Oracle(base.Reader[Any, Answer]):
 
 
 @dataclasses.dataclass
-class CopyOracle(_Oracle):
+class CopyOracle(Oracle):
   """Answers the candidate found earliest in the context (ties: the longest), else abstains.
 
   candidates: one list for every item, or a mapping item id -> its golds.
@@ -137,7 +137,7 @@ class CopyOracle(_Oracle):
 
 
 @dataclasses.dataclass
-class ClosedBookOracle(_Oracle):
+class ClosedBookOracle(Oracle):
   """Answers table[question(prompt)] ('' / () for unknown questions); ignores the context."""
   table: Mapping[Any, Answer]
   question: Callable[[Any], Any] = question_of  # prompt -> its key in `table`

@@ -28,7 +28,7 @@ from ceu_jax.data import atr, atr_lines, corruptions
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import LineKind, RetrievalBatch
 from ceu_jax.theory import lower_bound
-from ceu_jax.theory.measure import TrainedModel, _logits
+from ceu_jax.theory.measure import TrainedModel, model_logits
 from ceu_jax.theory.upper_bound import logit_margin
 
 HARD_KINDS = (int(LineKind.HARD_SAME_KEY), int(LineKind.HARD_SAME_ID))
@@ -111,7 +111,7 @@ class ExampleScorer:
     ctx = np.concatenate([ctx, np.repeat(ctx[:1], k - len(sets), 0)])
     rep = lambda x: np.repeat(np.asarray(x)[None], k, 0)
     inputs = (rep(self.ex["query"]), ctx, rep(self.ex["passage_ids"]), rep(self.ex["answer"]))
-    z = np.asarray(_logits(self.tm.model, self.tm.variables, inputs), np.float64)
+    z = np.asarray(model_logits(self.tm.model, self.tm.variables, inputs), np.float64)
     margins = logit_margin(z, np.asarray(inputs[3]))
     self.forwards += 1
     for s, m in zip(sets, margins[:len(sets)]):

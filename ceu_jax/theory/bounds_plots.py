@@ -1,7 +1,7 @@
 """Figures of `experiments.bounds` that combine trained and synthetic results.
 
 T1: trained-model scatter and error curve next to the exact two-channel curve.
-T3: the rate-vs-bound curves per δ (drawn by `plots._t3_curves`) next to γ(δ).
+T3: the rate-vs-bound curves per δ (drawn by `plots.t3_curves`) next to γ(δ).
 T2 uses `plots.plot_t2` unchanged.
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from ceu_jax.metrics.resampling import Aggregate
 from ceu_jax.plotting import save_figure
 from ceu_jax.theory import plots
 from ceu_jax.theory.identifiability import T1Result, t1_error_curve
-from ceu_jax.theory.stats import Estimate
 from ceu_jax.theory.upper_bound import T3Report
 
 
@@ -95,8 +95,8 @@ def _t1_synthetic(ax, synthetic: Mapping[str, Sequence[tuple[float, T1Result]]])
 
 def plot_t3_bounds(
     reports: Mapping[str, T3Report],
-    gammas: Mapping[float, Estimate],
-    alphas: Mapping[float, Estimate],
+    gammas: Mapping[float, Aggregate],
+    alphas: Mapping[float, Aggregate],
     stem: str,
     title: str,
     caption: str,
@@ -105,7 +105,7 @@ def plot_t3_bounds(
   fig = Figure(figsize=(16, 6.5), layout="constrained")
   ax, ax_g = fig.subplots(1, 2, width_ratios=[2.2, 1])
   for i, (label, rep) in enumerate(reports.items()):
-    plots._t3_curves(ax, rep, label, f"C{i % 10}")  # pylint: disable=protected-access
+    plots.t3_curves(ax, rep, label, f"C{i % 10}")
   ax.set_xlabel("retriever miss probability η (fraction)")
   ax.set_ylabel("Pr[unsupported output] (fraction)")
   ax.set_ylim(0, 1.05)
@@ -117,16 +117,16 @@ def plot_t3_bounds(
   return save_figure(fig, stem)
 
 
-def _gamma_panel(ax, gammas: Mapping[float, Estimate], alphas: Mapping[float, Estimate]):
+def _gamma_panel(ax, gammas: Mapping[float, Aggregate], alphas: Mapping[float, Aggregate]):
   d = np.array(sorted(gammas))
   g = [gammas[x] for x in d]
-  ax.errorbar(d, [e.value for e in g], yerr=_err(g), fmt="o-", capsize=3, color="C0",
+  ax.errorbar(d, [e.floats()[0] for e in g], yerr=_err(g), fmt="o-", capsize=3, color="C0",
               label="γ(δ): mean swap margin (nats)")
   ax.set_xlabel("test-time distractor rate δ (fraction)")
   ax.set_ylabel("γ(δ) (nats of logit margin)", color="C0")
   ax2 = ax.twinx()
   a = [alphas[x] for x in d]
-  ax2.errorbar(d, [e.value for e in a], yerr=_err(a), fmt="s--", capsize=3, color="C1",
+  ax2.errorbar(d, [e.floats()[0] for e in a], yerr=_err(a), fmt="s--", capsize=3, color="C1",
                label="α(δ): mean CEU_ev (for reference)")
   ax2.set_ylabel("α(δ) (fraction)", color="C1")
   ax2.set_ylim(0, 1.05)
@@ -136,7 +136,7 @@ def _gamma_panel(ax, gammas: Mapping[float, Estimate], alphas: Mapping[float, Es
   ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize="small", loc="best")
 
 
-def _err(es: Sequence[Estimate]) -> np.ndarray:
-  lo = [max(e.value - e.lo, 0) if np.isfinite(e.lo) else 0 for e in es]
-  hi = [max(e.hi - e.value, 0) if np.isfinite(e.hi) else 0 for e in es]
-  return np.array([lo, hi])
+def _err(es: Sequence[Aggregate]) -> np.ndarray:
+  v, lo, hi = np.array([e.floats() for e in es]).reshape(-1, 3).T
+  return np.array([np.where(np.isfinite(lo), np.maximum(v - lo, 0), 0),
+                   np.where(np.isfinite(hi), np.maximum(hi - v, 0), 0)])

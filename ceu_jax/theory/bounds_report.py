@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ceu_jax.metrics.resampling import Aggregate, fmt_ci
 from ceu_jax.theory import identifiability, two_channel
-from ceu_jax.theory.stats import Estimate
 
 C_ESTIMATOR = {
     "mle": ("maximum likelihood of Pr[unsupported | a] = exp(−c·a) over held-out "
@@ -46,18 +46,22 @@ def t2_title(config) -> str:
 def t3_caption(config, t3: dict) -> str:
   a, c = t3["alpha"], t3["c"]
   return (f"Bound η + (1 − η)·exp(−ĉ α̂ γ̂(δ)); α̂ = mean CEU_ev on evidence-present examples "
-          f"at δ={float(config.t3.base_delta):g}: {_fmt(a)}; ĉ: {_fmt(c)}. "
+          f"at δ={float(config.t3.base_delta):g}: {_fmt(a, with_n=True)}; "
+          f"ĉ: {_fmt(c, with_n=True)}. "
           + c_statement(config, str(config.t3.c_method)) + ". Red × = violation.")
 
 
-def _fmt(e: Estimate) -> str:
-  return f"{e.value:.3g} [{e.lo:.3g}, {e.hi:.3g}] (n={e.n})"
+def _fmt(e: Aggregate | dict | None, pct: bool = False, with_n: bool = False) -> str:
+  """'0.521 [0.495, 0.548]': 3 significant digits, 'n/a' when absent (`fmt_ci`)."""
+  return fmt_ci(e, style="g", scale=100.0 if pct else 1.0, with_n=with_n, missing="n/a")
 
 
 def _clean(x: Any) -> Any:
   """JSON-safe copy: numpy -> python, non-finite floats -> None."""
+  if isinstance(x, Aggregate):
+    return _clean(x.to_dict())
   if dataclasses.is_dataclass(x) and not isinstance(x, type):
-    return _clean(dataclasses.asdict(x))
+    return _clean({f.name: getattr(x, f.name) for f in dataclasses.fields(x)})
   if isinstance(x, dict):
     return {str(k): _clean(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
@@ -126,15 +130,6 @@ def _f(x: float | None, spec: str = ".3g") -> str:
   return "n/a" if x is None else format(x + 0.0, spec)
 
 
-def _e(d: dict | None, pct: bool = False) -> str:
-  if not d or d.get("value") is None:
-    return "n/a"
-  k = 100.0 if pct else 1.0
-  lo, hi = d.get("lo"), d.get("hi")
-  ci = f" [{_f(k * lo)}, {_f(k * hi)}]" if lo is not None and hi is not None else ""
-  return f"{_f(k * d['value'])}{ci}"
-
-
 def _violations_md(reports: dict) -> list[str]:
   lines = []
   for label, rep in reports.items():
@@ -148,8 +143,8 @@ def _violations_md(reports: dict) -> list[str]:
       continue
     for v in rep["violations"]:
       sig = "significant (whole CI above the bound)" if v["significant"] else "within CI"
-      lines.append(f"- {label}, η = {v['eta']:g}: rate {v['rate']:.3f} "
-                   f"[{v['rate_lo']:.3f}, {v['rate_hi']:.3f}] > bound {v['bound']:.3f} "
+      rate = fmt_ci(Aggregate(v["rate"], v["rate_lo"], v["rate_hi"], v["n"]))
+      lines.append(f"- {label}, η = {v['eta']:g}: rate {rate} > bound {v['bound']:.3f} "
                    f"(excess {v['excess']:.3f}, {sig}, n={v['n']})")
   return lines
 
@@ -176,8 +171,8 @@ def markdown(config, res: dict) -> str:
   out += ["", "### T2 lower bound", "", f"Adversary: {t2['budget']}.", "",
           "| model | 1 − mean CEU_ev | clean acc | attacked acc | drop (pp) |",
           "|---|---|---|---|---|"]
-  out += [f"| {p['name']} | {_e(p['one_minus_ceu'])} | {_f(p['clean_accuracy'], '.3f')} | "
-          f"{_f(p['adversarial_accuracy'], '.3f')} | {_e(p['drop'], pct=True)} |"
+  out += [f"| {p['name']} | {_fmt(p['one_minus_ceu'])} | {_f(p['clean_accuracy'], '.3f')} | "
+          f"{_f(p['adversarial_accuracy'], '.3f')} | {_fmt(p['drop'], pct=True)} |"
           for p in t2["points"]]
   s = t2["summary"]
   out += ["", f"Fit drop = k(1 − CEU): k = {_f(s['slope'])}, 95% CI [{_f(s['slope_lo'])}, "
@@ -189,18 +184,19 @@ def markdown(config, res: dict) -> str:
 
 def _t3_md(t3: dict) -> list[str]:
   out = ["### T3 upper bound", "", f"Model `{t3['model']}`.", "",
-         f"- α = {_e(t3['alpha'])} (n={t3['alpha']['n']}, {t3['alpha']['n_excluded']} excluded)",
-         f"- ĉ = {_e(t3['c'])} (n={t3['c']['n']}; {t3['c']['note']}); estimator: "
+         f"- α = {_fmt(t3['alpha'])} (n={t3['alpha']['n']}, "
+         f"{t3['alpha'].get('n_excluded', 0)} excluded)",
+         f"- ĉ = {_fmt(t3['c'])} (n={t3['c']['n']}; {t3['c'].get('note', '')}); estimator: "
          f"{t3['c_estimator']}",
-         f"- γ(δ) = " + "; ".join(f"δ={d}: {_e(g)}" for d, g in t3["gamma_by_delta"].items()),
-         f"- α(δ) (reference) = " + "; ".join(f"δ={d}: {_e(a)}"
+         f"- γ(δ) = " + "; ".join(f"δ={d}: {_fmt(g)}" for d, g in t3["gamma_by_delta"].items()),
+         f"- α(δ) (reference) = " + "; ".join(f"δ={d}: {_fmt(a)}"
                                               for d, a in t3["alpha_by_delta"].items()),
          "", "Violations of η + (1 − η)exp(−ĉ α γ(δ)) (every one listed):"]
   out += _violations_md(t3["reports"])
-  out += ["", f"With the alternative estimator ĉ = {_e(t3['c_alt'])}: {t3['c_alt_estimator']}:"]
+  out += ["", f"With the alternative estimator ĉ = {_fmt(t3['c_alt'])}: {t3['c_alt_estimator']}:"]
   out += _violations_md(t3["reports_alt_c"])
   out += ["", "| δ | η | unsupported rate | bound |", "|---|---|---|---|"]
   for label, rep in t3["reports"].items():
-    out += [f"| {label} | {eta:g} | {_e(r)} | {_f(b, '.3f')} |"
+    out += [f"| {label} | {eta:g} | {_fmt(r)} | {_f(b, '.3f')} |"
             for eta, r, b in zip(rep["etas"], rep["rates"], rep["bound"])]
   return out

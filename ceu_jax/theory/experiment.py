@@ -23,10 +23,10 @@ import ml_collections
 import numpy as np
 
 from ceu_jax import io
+from ceu_jax.metrics.resampling import Aggregate, fmt_ci
 from ceu_jax.theory import (adversary, bounds_plots, lower_bound, measure, plots,
                             two_channel, upper_bound)
 from ceu_jax.theory import bounds_report as report
-from ceu_jax.theory.stats import Estimate
 
 Log = Callable[[str], None]
 
@@ -168,18 +168,18 @@ def heldout_rows(config, tm) -> dict[str, np.ndarray]:
   return _measure(config, tm, held)
 
 
-def fit_c(config, rows: dict, method: str, log: Log) -> Estimate:
+def fit_c(config, rows: dict, method: str, log: Log) -> Aggregate:
   """ĉ from held-out rows: error = unsupported, margin = `advantage`."""
   errors, adv = _unsupported(rows, float(config.t3.tau)), advantage(rows)
   usable = np.isfinite(adv) & (adv > 0)
   if not usable.any():
-    c = Estimate(float("nan"), float("nan"), float("nan"), 0, int(adv.size),
-                 note=f"method={method}; no held-out example with advantage > 0: c undefined")
+    c = Aggregate(None, None, None, 0, int(adv.size),
+                  note=f"method={method}; no held-out example with advantage > 0: c undefined")
   else:
     c = upper_bound.estimate_c(adv, errors, method=method,
                                n_resamples=int(config.eval.num_resamples),
                                seed=int(config.seed))
-  log(f"[bounds] T3 ĉ ({method}) = {c.value:.3g} [{c.lo:.3g}, {c.hi:.3g}] "
+  log(f"[bounds] T3 ĉ ({method}) = {fmt_ci(c, style='g', missing='n/a')} "
       f"on n={c.n} held-out examples ({c.n_excluded} excluded: advantage ≤ 0 or degenerate)")
   return c
 

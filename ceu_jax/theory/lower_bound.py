@@ -27,9 +27,9 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import stats as sps
 
-from ceu_jax.theory.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate,
-                                  as_bool_array, as_float_array, bootstrap_ci,
-                                  mean_estimate)
+from ceu_jax.metrics import resampling
+from ceu_jax.metrics.resampling import DEFAULT_RESAMPLES, DEFAULT_SEED, Aggregate
+from ceu_jax.theory.stats import as_bool_array, as_float_array, mean_estimate
 
 CandidateSet = tuple[int, ...]
 ScoreFn = Callable[[CandidateSet], "float | np.ndarray"]
@@ -173,13 +173,13 @@ def adversarial_correct(results: Sequence[SearchResult]) -> np.ndarray:
 class ModelPoint:
   """One model on the T2 plot: x = 1 − mean CEU, y = worst-case accuracy drop."""
   name: str
-  one_minus_ceu: Estimate
-  drop: Estimate
+  one_minus_ceu: Aggregate
+  drop: Aggregate
   clean_accuracy: float
   adversarial_accuracy: float
 
 
-def accuracy_drop(clean_correct, adv_correct, mask=None, **boot) -> Estimate:
+def accuracy_drop(clean_correct, adv_correct, mask=None, **boot) -> Aggregate:
   """Paired-bootstrap estimate of acc(clean) − acc(adversarial) over mask."""
   clean = as_bool_array(clean_correct).reshape(-1).astype(np.float64)
   adv = as_bool_array(adv_correct).reshape(-1).astype(np.float64)
@@ -226,11 +226,11 @@ def t2_summary(
     spearman, spearman_p: rank correlation across models (NaN for < 3);
     n_models.
   """
-  x = np.array([p.one_minus_ceu.value for p in points])
-  y = np.array([p.drop.value for p in points])
+  x = np.array([p.one_minus_ceu.floats()[0] for p in points])
+  y = np.array([p.drop.floats()[0] for p in points])
   slope_fn = lambda a, b: float((a * b).sum() / max((a * a).sum(), 1e-300))
-  slope, lo, hi = bootstrap_ci((x, y), slope_fn, n_resamples=n_resamples,
-                               seed=seed)
+  slope, lo, hi = resampling.bootstrap_scalar(
+      slope_fn, x, y, num_resamples=n_resamples, seed=seed, strict=False).floats()
   with np.errstate(divide="ignore", invalid="ignore"):
     ratios = np.where(x > 0, y / x, np.nan)
   rho, p = (sps.spearmanr(x, y) if len(points) >= 3 else (np.nan, np.nan))

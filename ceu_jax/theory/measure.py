@@ -59,13 +59,13 @@ def _take(batch: RetrievalBatch, start: int, stop: int) -> RetrievalBatch:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _logits(model, variables, inputs) -> jax.Array:
+def model_logits(model, variables, inputs) -> jax.Array:
   return model.apply(variables, *inputs)
 
 
 def logits(tm: TrainedModel, batch: RetrievalBatch) -> np.ndarray:
   """Model logits [B, A, V] on a batch."""
-  return np.asarray(_logits(tm.model, tm.variables, batch.model_inputs()), np.float64)
+  return np.asarray(model_logits(tm.model, tm.variables, batch.model_inputs()), np.float64)
 
 
 def measure_set(tm: TrainedModel, clean: RetrievalBatch, corruption: str,

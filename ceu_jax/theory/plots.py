@@ -13,6 +13,7 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from ceu_jax.metrics.resampling import fmt_ci
 from ceu_jax.plotting import FORMATS, save_figure  # noqa: F401  (re-exported)
 from ceu_jax.theory.identifiability import T1Result, t1_error_curve
 from ceu_jax.theory.lower_bound import ModelPoint
@@ -107,12 +108,12 @@ def plot_t2(
   fig = Figure(figsize=(6.5, 5), layout="constrained")
   ax = fig.subplots()
   for i, p in enumerate(points):
-    x, y = p.one_minus_ceu, p.drop
-    ax.errorbar(x.value, 100 * y.value,
-                xerr=[[x.value - x.lo], [x.hi - x.value]],
-                yerr=[[100 * (y.value - y.lo)], [100 * (y.hi - y.value)]],
+    (x, x_lo, x_hi), (y, y_lo, y_hi) = p.one_minus_ceu.floats(), p.drop.floats()
+    ax.errorbar(x, 100 * y,
+                xerr=[[x - x_lo], [x_hi - x]],
+                yerr=[[100 * (y - y_lo)], [100 * (y_hi - y)]],
                 fmt="o", capsize=3, color=f"C{i % 10}",
-                label=f"{p.name} (n={y.n})")
+                label=f"{p.name} (n={p.drop.n})")
   if summary is not None and np.isfinite(summary.get("slope", np.nan)):
     _t2_slope(ax, summary, points)
   ax.axhline(0, color="0.6", lw=0.8)
@@ -152,7 +153,7 @@ def plot_t3(
   fig = Figure(figsize=(11, 5.5), layout="constrained")
   ax = fig.subplots()
   for i, (label, rep) in enumerate(reports.items()):
-    _t3_curves(ax, rep, label, f"C{i % 10}")
+    t3_curves(ax, rep, label, f"C{i % 10}")
   ax.set_xlabel("retriever miss probability η (fraction)")
   ax.set_ylabel("Pr[unsupported output] (fraction)")
   ax.set_ylim(0, 1.05)
@@ -169,19 +170,18 @@ def _c_note(reports: Mapping[str, T3Report]) -> str:
                                            else "")
 
 
-def _t3_curves(ax, rep: T3Report, label: str, color: str) -> None:
+def t3_curves(ax, rep: T3Report, label: str, color: str) -> None:
+  """One report's rate (with its CI band) and bound (with its band) on `ax`."""
   prefix = f"{label}: " if label else ""
-  rate = np.array([r.value for r in rep.rates])
-  lo = np.array([r.lo for r in rep.rates])
-  hi = np.array([r.hi for r in rep.rates])
+  rate, lo, hi = np.array([r.floats() for r in rep.rates]).T
   ax.fill_between(rep.etas, lo, hi, color=color, alpha=0.2,
                   label=f"{prefix}empirical 95% CI")
   ax.plot(rep.etas, rate, "o-", color=color, label=f"{prefix}empirical rate")
   ax.fill_between(rep.etas, np.minimum(rep.bound_lo, 1.0),
                   np.minimum(rep.bound_hi, 1.0), color=color, alpha=0.08,
                   hatch="//", label=f"{prefix}bound band (param. CIs)")
-  est = (f"α={rep.alpha.value:.2f}, γ={rep.gamma.value:.2f}, "
-         f"ĉ={rep.c.value:.2f} [{rep.c.lo:.2f}, {rep.c.hi:.2f}]")
+  est = (f"α={rep.alpha.floats()[0]:.2f}, γ={rep.gamma.floats()[0]:.2f}, "
+         f"ĉ={fmt_ci(rep.c, 2, missing='nan')}")
   ax.plot(rep.etas, np.minimum(rep.bound, 1.0), "--", color=color,
           label=f"{prefix}bound ({est})")
   if rep.violations:

@@ -42,9 +42,10 @@ import dataclasses
 import numpy as np
 from scipy import optimize
 
-from ceu_jax.theory.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate,
-                                  as_bool_array, as_float_array, mean_estimate,
-                                  rate_estimate)
+from ceu_jax.metrics import resampling
+from ceu_jax.metrics.resampling import (DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED,
+                                        Aggregate, fmt_ci)
+from ceu_jax.theory.stats import as_bool_array, as_float_array, mean_estimate, rate_estimate
 
 
 def t3_bound(eta, alpha, gamma, c):
@@ -60,7 +61,7 @@ def t3_bound(eta, alpha, gamma, c):
 
 
 def t3_bound_band(
-    eta, alpha: Estimate, gamma: Estimate, c: Estimate
+    eta, alpha: Aggregate, gamma: Aggregate, c: Aggregate
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(bound, lower, upper) at each η from the point estimates and their CIs.
 
@@ -69,9 +70,10 @@ def t3_bound_band(
   below 0 are floored at 0. This combines separately estimated CIs and is
   therefore conservative, not a joint 95% band.
   """
-  lo_args = [max(e.lo, 0.0) for e in (alpha, gamma, c)]
-  hi_args = [max(e.hi, 0.0) for e in (alpha, gamma, c)]
-  point = t3_bound(eta, alpha.value, gamma.value, c.value)
+  (a, a_lo, a_hi), (g, g_lo, g_hi), (k, k_lo, k_hi) = (e.floats() for e in (alpha, gamma, c))
+  lo_args = [max(x, 0.0) for x in (a_lo, g_lo, k_lo)]
+  hi_args = [max(x, 0.0) for x in (a_hi, g_hi, k_hi)]
+  point = t3_bound(eta, a, g, k)
   return point, t3_bound(eta, *hi_args), t3_bound(eta, *lo_args)
 
 
@@ -80,7 +82,7 @@ def t3_bound_band(
 
 def estimate_alpha(
     ceu_ev, evidence_present=None, degenerate=None, **boot
-) -> Estimate:
+) -> Aggregate:
   """α̂ = mean CEU_ev over evidence-present examples, with a bootstrap CI.
 
   Degenerate examples (gap L+ − L− < ε) are excluded and counted in
@@ -117,7 +119,7 @@ def swap_margin(score_clean, score_swap) -> np.ndarray:
 
 def estimate_gamma(
     score_clean, score_swap, evidence_present=None, **boot
-) -> Estimate:
+) -> Aggregate:
   """γ̂ = mean evidence-swap margin over evidence-present examples.
 
   Args:
@@ -132,7 +134,7 @@ def estimate_gamma(
 
 def gamma_by_delta(
     score_clean, score_swap, deltas, evidence_present=None, **boot
-) -> dict[float, Estimate]:
+) -> dict[float, Aggregate]:
   """γ(δ): the swap-margin estimate separately for each distractor rate δ."""
   m = swap_margin(score_clean, score_swap).reshape(-1)
   deltas = as_float_array(deltas).reshape(-1)
@@ -202,9 +204,9 @@ def estimate_c(
     *,
     method: str = "mle",
     n_resamples: int = DEFAULT_RESAMPLES,
-    level: float = 0.95,
+    level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
-) -> Estimate:
+) -> Aggregate:
   """ĉ on a held-out split, with a percentile-bootstrap CI.
 
   Args:
@@ -220,18 +222,11 @@ def estimate_c(
   keep = np.isfinite(m) & (m > 0)
   m, e = m[keep], e[keep]
   fit = {"mle": fit_c_mle, "envelope": fit_c_envelope}[method]
-  value = fit(m, e)
-  note = f"method={method}" + ("; no errors: c unbounded" if np.isinf(value)
-                               else "")
-  lo = hi = float("nan")
-  if m.size >= 2:
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, m.size, size=(n_resamples, m.size))
-    draws = np.array([fit(m[i], e[i]) for i in idx])
-    tail = (1.0 - level) / 2.0
-    lo, hi = (float(x) for x in np.quantile(draws, [tail, 1.0 - tail],
-                                            method="inverted_cdf"))
-  return Estimate(value, lo, hi, int(m.size), int((~keep).sum()), level, note)
+  est = resampling.bootstrap_scalar(fit, m, e, num_resamples=n_resamples, seed=seed,
+                                    level=level, method="inverted_cdf", strict=False)
+  unbounded = est.value is not None and np.isinf(est.value)
+  note = f"method={method}" + ("; no errors: c unbounded" if unbounded else "")
+  return dataclasses.replace(est, n_excluded=int((~keep).sum()), note=note)
 
 
 # --------------------------------------------------------------- rates
@@ -249,7 +244,7 @@ def unsupported(correct, ceu_ev, evidence_present, tau: float = 0.5):
   return ~ok
 
 
-def rate_by_eta(unsupported_flags, **boot) -> list[Estimate]:
+def rate_by_eta(unsupported_flags, **boot) -> list[Aggregate]:
   """Empirical unsupported-answer rate per η, one flag array per η level."""
   return [rate_estimate(f, **boot) for f in unsupported_flags]
 
@@ -268,7 +263,7 @@ class Violation:
 
 
 def bound_violations(
-    etas, rates: list[Estimate], bounds
+    etas, rates: list[Aggregate], bounds
 ) -> list[Violation]:
   """Every η whose empirical rate (point estimate) exceeds the bound.
 
@@ -277,9 +272,10 @@ def bound_violations(
   """
   out = []
   for eta, r, b in zip(as_float_array(etas), rates, as_float_array(bounds)):
-    if r.value > b:
-      out.append(Violation(float(eta), r.value, r.lo, r.hi, float(b),
-                           float(r.value - b), bool(r.lo > b), r.n))
+    value, lo, hi = r.floats()
+    if value > b:
+      out.append(Violation(float(eta), value, lo, hi, float(b), float(value - b),
+                           bool(lo > b), r.n))
   return out
 
 
@@ -287,10 +283,10 @@ def bound_violations(
 class T3Report:
   """Everything the T3 plot and its caption need."""
   etas: np.ndarray
-  rates: list[Estimate]
-  alpha: Estimate
-  gamma: Estimate
-  c: Estimate
+  rates: list[Aggregate]
+  alpha: Aggregate
+  gamma: Aggregate
+  c: Aggregate
   bound: np.ndarray
   bound_lo: np.ndarray
   bound_hi: np.ndarray
@@ -298,7 +294,7 @@ class T3Report:
 
   def summary(self) -> str:
     """One paragraph stating the estimates and the violations."""
-    est = lambda name, e: f"{name}={e.value:.3g} [{e.lo:.3g}, {e.hi:.3g}] (n={e.n})"
+    est = lambda name, e: f"{name}={fmt_ci(e, style='g', with_n=True, missing='n/a')}"
     viol = ("no violations" if not self.violations else
             "violations at η=" + ", ".join(
                 f"{v.eta:g} (+{v.excess:.3g}{', significant' if v.significant else ''})"
@@ -308,7 +304,7 @@ class T3Report:
 
 
 def t3_report(
-    etas, rates: list[Estimate], alpha: Estimate, gamma: Estimate, c: Estimate
+    etas, rates: list[Aggregate], alpha: Aggregate, gamma: Aggregate, c: Aggregate
 ) -> T3Report:
   """Bound, its band and the violations for the given estimates."""
   etas = as_float_array(etas)
@@ -319,10 +315,10 @@ def t3_report(
 
 def t3_reports_by_delta(
     etas,
-    rates_by_delta: dict[float, list[Estimate]],
-    alpha: Estimate,
-    gammas: dict[float, Estimate],
-    c: Estimate,
+    rates_by_delta: dict[float, list[Aggregate]],
+    alpha: Aggregate,
+    gammas: dict[float, Aggregate],
+    c: Aggregate,
 ) -> dict[str, T3Report]:
   """One report per distractor rate δ, using γ(δ) (label "δ=<value>")."""
   return {f"δ={d:g}": t3_report(etas, rates_by_delta[d], alpha, gammas[d], c)

@@ -23,6 +23,7 @@ import numpy as np
 
 from ceu_jax import auditor as auditor_lib
 from ceu_jax import retrieval_adapter as adapter
+from ceu_jax.engine.probes import EV
 from ceu_jax.train import task as task_lib
 
 
@@ -37,7 +38,7 @@ def periodic_metrics(summary: dict) -> dict[str, float]:
   for p in adapter.PROBES:
     mean = ceu.get(p, {}).get("all", {}).get("mean")
     out[f"ceu_{p}"] = value(mean)
-    if p == adapter.EV:
+    if p == EV:
       out["n_ceu_ev"] = float(mean["n"]) if mean else 0.0
   out["supported_0.5"] = value(summary.get("supported_answer_rate", {}).get("0.5"))
   return out

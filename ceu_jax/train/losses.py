@@ -52,6 +52,7 @@ from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.data import tasks
 from ceu_jax.data.types import RetrievalBatch
 from ceu_jax.engine import runner
+from ceu_jax.engine.probes import CONTROL, DIS, EV
 from ceu_jax.engine.sites import Site
 from ceu_jax.engine import scores as engine_scores
 from ceu_jax.likelihood import answer_correct, gold_loglik
@@ -175,18 +176,18 @@ def cer_loss(params: Any, model: nn.Module, site: Site, clean: RetrievalBatch,
       row = lambda x, name: x[probes.index(name)]
       # [α − CEU_ev]_+ for gap ≥ gap_floor; scaled by gap/gap_floor below it.
       ev_term = jnp.where(
-          valid, jnp.maximum(cfg.alpha * gap_g - row(delta, adapter.EV), 0.0) / den, 0.0)
+          valid, jnp.maximum(cfg.alpha * gap_g - row(delta, EV), 0.0) / den, 0.0)
       per_example = per_example + cfg.lambda_ev * ev_term
-      metrics.update(cer_ev=ev_term.mean(), ceu_ev=_masked_mean(row(ceu, adapter.EV), valid))
-      if adapter.DIS in probes.names:
+      metrics.update(cer_ev=ev_term.mean(), ceu_ev=_masked_mean(row(ceu, EV), valid))
+      if DIS in probes.names:
         dis_ok = valid & dis_found
-        metrics["ceu_dis"] = _masked_mean(row(ceu, adapter.DIS), dis_ok)
+        metrics["ceu_dis"] = _masked_mean(row(ceu, DIS), dis_ok)
         if cfg.uses_dis:
-          dis_term = jnp.where(dis_ok, jnp.maximum(row(delta, adapter.DIS), 0.0) / den, 0.0)
+          dis_term = jnp.where(dis_ok, jnp.maximum(row(delta, DIS), 0.0) / den, 0.0)
           per_example = per_example + cfg.lambda_dis * dis_term
           metrics["cer_dis"] = dis_term.mean()
-      if adapter.CONTROL in probes.names:
-        metrics["ceu_control"] = _masked_mean(row(ceu, adapter.CONTROL), valid)
+      if CONTROL in probes.names:
+        metrics["ceu_control"] = _masked_mean(row(ceu, CONTROL), valid)
 
   if cfg.lambda_noret > 0:
     l_empty = loglik(variables, ModelInputs.of(adapter.empty_context(clean)))

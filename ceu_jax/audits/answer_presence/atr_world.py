@@ -103,7 +103,7 @@ class ATRMedium:
   def passage_ids(self) -> tuple[int, ...]:
     return _passage_ids(self.cfg)
 
-  def _is_free(self, line: Sequence[int]) -> bool:
+  def is_free(self, line: Sequence[int]) -> bool:
     """A filler line of filler words only (no ID / KEY / VALUE token): free for an insert."""
     v = self.vocab
     return (line[0] == v.tok('NOTE') and line[-1] == v.tok('.')
@@ -160,7 +160,7 @@ class ATRMedium:
     if r.context is None or not any(int(t) != self.vocab.pad for t in r.context):
       return 'empty_context'
     if not self.present(r.context, r.golds) and not any(
-        self._is_free(line) for line in self.lines(r.context)):
+        self.is_free(line) for line in self.lines(r.context)):
       return 'cannot_hold_insert'
     return None
 
@@ -183,7 +183,8 @@ class ATRMedium:
                          'inside its line')
     return out
 
-  def _fill(self, sentinel, n: int) -> list[int]:
+  def fill(self, sentinel, n: int) -> list[int]:
+    """`sentinel` padded with [FILL] tokens to n tokens; ValueError when it does not fit."""
     sentinel = list(sentinel)
     if len(sentinel) > n:
       raise ValueError(f'sentinel of {len(sentinel)} tokens does not fit a {n}-token region: '
@@ -193,7 +194,7 @@ class ATRMedium:
   def _replace(self, x, regions, sentinel) -> tuple[int, ...]:
     out = list(x)
     for a, b in regions:
-      out[a:b] = self._fill(sentinel, b - a)
+      out[a:b] = self.fill(sentinel, b - a)
     return tuple(out)
 
   def remove(self, x, golds, sentinel) -> tuple[int, ...]:
@@ -221,7 +222,7 @@ class ATRMedium:
 
   def _insert(self, x, gold, at_middle: bool) -> tuple[int, ...]:
     lines = [tuple(l) for l in self.lines(x)]
-    free = [k for k, line in enumerate(lines) if self._is_free(line)]
+    free = [k for k, line in enumerate(lines) if self.is_free(line)]
     if not free:
       raise ValueError('this context has no free filler line to hold an insert (check() skips it)')
     k = free[-1]
@@ -281,7 +282,8 @@ def _passage_ids(cfg: ATRConfig) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------- rewriters
-def _rng(seed: int, name: str, id_) -> np.random.Generator:
+def item_rng(seed: int, name: str, id_) -> np.random.Generator:
+  """The generator of draw `name` for record `id_`: fixed per (seed, name, id), order-free."""
   return np.random.default_rng([seed, zlib.crc32(name.encode()), zlib.crc32(str(id_).encode())])
 
 
@@ -294,7 +296,7 @@ def rewrite(medium: ATRMedium, r: ap.Record, name: str, *, p_drop: float, p_surf
   need = {'id': q[2], 'key': q[4]}
   raw = tuple(r.raw_context)
   lines = [tuple(l) for l in medium.lines(raw)]
-  rng = _rng(seed, name, r.id)
+  rng = item_rng(seed, name, r.id)
   ev = medium.evidence_lines(raw, r)
   u_drop, u_surface = rng.random(), rng.random()  # drawn for every record: order-free
   keep = [all(need[f] in line for f in REWRITERS[name]) for line in lines]

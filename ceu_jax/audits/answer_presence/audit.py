@@ -355,16 +355,6 @@ class Scorer:
     return f1, ll
 
 
-def answer_f1(reader, records: Sequence[Record], contexts: Sequence, *,
-              medium: Any = None, **text_kwargs) -> np.ndarray:
-  """Token F1 × 100 [n] of the reader's greedy answers on (context, question) vs the golds.
-
-  text_kwargs (prompt_fn, max_new_tokens, stop) build a TextMedium when no medium is given.
-  """
-  medium = medium or (TextMedium(**text_kwargs) if text_kwargs else TEXT)
-  return Scorer(reader, medium)(records, contexts)[0]
-
-
 # ---------------------------------------------------------------- the audit
 def edit_rows(records: Sequence[Record], sentinel: Any = None, medium: Any = TEXT) -> list[dict]:
   """The edited contexts: one dict per (record, applicable edit), without scores."""

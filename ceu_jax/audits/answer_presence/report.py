@@ -14,14 +14,8 @@ KEY_EFFECTS = (('remove', '1→1'), ('placebo', '1→1'), ('insert_prepend', '0�
                ('insert_mid', '0→0'))  # the headline (edit, bucket) pairs
 
 
-def agg(d: Optional[Mapping]) -> Aggregate:
-  if not d:
-    return Aggregate(None, None, None, 0)
-  return Aggregate(d['value'], d['ci_low'], d['ci_high'], d['n'])
-
-
 def fmt(d: Optional[Mapping]) -> str:
-  return ap.fmt(agg(d))
+  return ap.fmt(Aggregate.from_dict(d))
 
 
 def _mean(d: Optional[Mapping]) -> str:

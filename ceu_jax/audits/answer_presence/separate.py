@@ -64,10 +64,10 @@ def surface(medium: aw.ATRMedium, r: ap.Record, base, kind: str, *, p_surface: f
   if kind not in ('evidence', 'value'):
     raise ValueError(f"kind must be 'evidence' or 'value', got {kind!r}")
   base = tuple(base)
-  rng = aw._rng(seed, 'surface', r.id)  # noqa: SLF001 — shared by both kinds
+  rng = aw.item_rng(seed, 'surface', r.id)  # shared by both kinds
   u = rng.random()
   lines = [tuple(l) for l in medium.lines(base)]
-  free = [k for k, line in enumerate(lines) if medium._is_free(line)]  # noqa: SLF001
+  free = [k for k, line in enumerate(lines) if medium.is_free(line)]
   if medium.evidence_lines(base, r) or not free or u >= p_surface:
     return base
   k = free[int(rng.integers(len(free)))]
@@ -139,7 +139,7 @@ def remove_span(medium: aw.ATRMedium, x, golds, sentinel) -> tuple[int, ...]:
   gold span only (a sentinel longer than the span is refused, never widened)."""
   out = list(x)
   for a, b in medium.occurrences(x, golds):
-    out[a:b] = medium._fill(sentinel, b - a)  # noqa: SLF001 — raises when it does not fit
+    out[a:b] = medium.fill(sentinel, b - a)  # raises when it does not fit
   return tuple(out)
 
 

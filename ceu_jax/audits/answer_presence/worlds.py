@@ -22,7 +22,7 @@ from ceu_jax.audits.answer_presence import audit as ap
 from ceu_jax.audits.answer_presence import report
 from ceu_jax.audits.answer_presence import separate
 from ceu_jax.audits.answer_presence import sentinels as sp
-from ceu_jax.metrics.resampling import mean_ci
+from ceu_jax.metrics.resampling import fmt_ci, mean_ci
 
 FAMILIES = ('attention', 'ssm', 'memory_port')  # architectures.FAMILIES (not imported here)
 GENERATED_READERS = ('copy', 'closed_book')
@@ -353,7 +353,7 @@ class FactQAWorld(_World):
              '| rewriter | containment [95% CI] | mean words |', '|---|---|---:|']
     for b, a in summary['containment'].items():
       name = fw.REWRITER_NAMES.get(b.split()[0], b)
-      lines.append(f"| {b}: {name} | {a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}] "
+      lines.append(f"| {b}: {name} | {fmt_ci(a)} "
                    f"| {summary['compile_words'][b]:.1f} |")
     return lines
 

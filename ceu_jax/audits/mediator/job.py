@@ -23,6 +23,7 @@ from ceu_jax import jobs
 from ceu_jax.audits.mediator import audit as md
 from ceu_jax.audits.mediator import plots as mediator_plots
 from ceu_jax.audits.mediator import worlds
+from ceu_jax.metrics.resampling import fmt_ci
 
 ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold', 'm_hat', 'y_hat',
                'arg', 'c_m_hat', 'consistent', 'm_star', 'forced', 'y_star', 'arg_star',
@@ -128,13 +129,11 @@ def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> N
 
 def probe_table(settings: dict) -> str:
   """Markdown table of the decision-position probes of the settings that have one."""
-  def v(a):
-    return '—' if a['value'] is None else f"{a['value']:.3f} [{a['ci_low']:.3f}, {a['ci_high']:.3f}]"
   lines = ['| setting | n | ΔL (nats) [95% CI] | CEU_dec [95% CI] (n) | degenerate (ΔL < ε) |',
            '|---|---:|---|---|---:|']
   for k, x in settings.items():
     p = x.get('probe')
     if p:
-      lines.append(f"| {k} | {p['n']} | {v(p['delta_L'])} | {v(p['ceu_decision'])} "
+      lines.append(f"| {k} | {p['n']} | {fmt_ci(p['delta_L'])} | {fmt_ci(p['ceu_decision'])} "
                    f"({p['ceu_decision']['n']}) | {p['n_degenerate']} |")
   return '\n'.join(lines)

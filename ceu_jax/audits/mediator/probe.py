@@ -36,11 +36,6 @@ def decision_slots(cfg: checklist.ChecklistConfig) -> list[int]:
   return list(range(cfg.r + 1, 2 * cfg.r + 1)) if cfg.tool else [cfg.r]
 
 
-def decision_loglik_fn(model: Any, slots: list[int]):
-  """loglik_fn(variables, ModelInputs) -> [B]: log p of the answer at `slots` (teacher forced)."""
-  return position_probe.slot_loglik_fn(model, slots)
-
-
 def decision_probe(model: Any, variables: Any, site: engine.Site, cfg: checklist.ChecklistConfig,
                    n: int, *, seed: int = 0, eps: float = 1e-3, boot_seed: int = 42,
                    loglik_fn=None) -> dict:

@@ -143,7 +143,7 @@ class ChainDomain(ts.TraceDomain):
 
 
 # ---------------------------------------------------------------- oracle readers
-class TraceOracle(oracles._Oracle):
+class TraceOracle(oracles.Oracle):
   """A reader that knows each item (by prompt) and either follows its trace or ignores it.
 
   follows(item) -> bool decides per item. A following reader's continuation after a

@@ -89,12 +89,6 @@ class FactTokenizer:
   def n_tokens(self, text: str) -> int:
     return len(self.encode(text))
 
-  def token_id(self, token: str) -> int:
-    i = self._tok.token_to_id(token)
-    if i is None:
-      raise KeyError(f"token {token!r} is not in the factqa vocabulary")
-    return i
-
   def decode(self, ids: Iterable[int], skip_pad: bool = True) -> str:
     ids = [int(i) for i in ids if not (skip_pad and int(i) == PAD)]
     return " ".join(self._tok.id_to_token(i) or f"<{i}>" for i in ids)
