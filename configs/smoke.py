@@ -2,7 +2,8 @@
 baseline vs CER, two seeds (SPEC §6, H1–H4).
 
 Run (measured wall time in the README, 2-core CPU):
-  python -m experiments.grid --config configs/smoke.py --workdir runs/smoke
+  python -m experiments.grid --config configs/smoke.py --workdir runs/smoke --processes 2
+(`--processes P`: P worker processes on this CPU host share the cells.)
 Five seeds (the documented command behind the README's seed spread):
   python -m experiments.grid --config configs/smoke.py:full,seeds=5 --workdir runs/smoke5
 Split over processes or hosts (same workdir, or merge workdirs' cells/ later):
