@@ -146,7 +146,8 @@ def verdicts(arms: Sequence[tuple[str, dict]], roles: dict[str, str], *, seed: i
   base = [l for l, _ in arms if roles.get(l) == 'baseline']
   cer = [l for l, _ in arms if roles.get(l) == 'cer']
   h1 = grid_paired.h1_claims(
-      None, [dict(config={'model.family': f'{MODEL} {l}'}, cell_id=l) for l in base],
+      None, [dict(config={'model.family': f'{MODEL} {l}', 'seed': 'run'}, cell_id=l)
+             for l in base],
       load=lambda _, cell: by[cell], **kw)
   comps = [dict(name=MODEL, variant=f'{c} vs {b}', diffs=compare(by[b], by[c], **kw))
            for b in base for c in cer]
