@@ -91,18 +91,6 @@ def _finished(workdir: str, cell: sweep_lib.Cell) -> bool:
   return os.path.exists(os.path.join(cell_dir(workdir, cell), "result.json"))
 
 
-def cell_is_busy(workdir: str, cell: sweep_lib.Cell) -> bool:
-  """Whether another process holds the cell's lock now (it is running the cell)."""
-  path = os.path.join(cell_dir(workdir, cell), ".lock")
-  if not os.path.exists(path):
-    return False
-  try:
-    with file_lock(path, f"cell {cell.cell_id}"):
-      return False
-  except LockHeld:
-    return True
-
-
 def is_preemption(e: BaseException) -> bool:
   """A cell stopped by SIGTERM/SIGINT (training's `Preempted`, raised after its
   checkpoint): the grid stops too, and a rerun resumes the cell. Not a failure."""
@@ -110,9 +98,11 @@ def is_preemption(e: BaseException) -> bool:
   return isinstance(e, loop.Preempted)
 
 
-def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "0/1") -> str:
+def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "0/1",
+             on_start: Callable[[], None] | None = None) -> str:
   """Run one cell unless finished; returns 'skipped', 'done', 'failed' or 'busy'.
-  `shard` ('i/N') is recorded with the host and pid that ran the cell."""
+  `shard` ('i/N') is recorded with the host and pid that ran the cell; `on_start` is
+  called once this process holds the cell's lock, before the cell runs."""
   d = cell_dir(workdir, cell)
   result_path = os.path.join(d, "result.json")
   if os.path.exists(result_path):
@@ -121,6 +111,8 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "
     with file_lock(os.path.join(d, ".lock"), f"cell {cell.cell_id}"):
       if os.path.exists(result_path):     # finished by another shard meanwhile
         return "skipped"
+      if on_start is not None:
+        on_start()
       io.write_json_atomic(os.path.join(d, "config.json"), cell.config.to_dict())
       ran_by = dict(host=socket.gethostname(), pid=os.getpid(), shard=shard)
       start = time.time()
@@ -186,13 +178,14 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, cell_fn: CellFn, *
           log(f"{tag}: finished earlier, skipped")
           counts["skipped"] += 1
         continue                  # (or finished by another worker during this run)
-      if num_workers > 1 and cell_is_busy(workdir, cell):   # another worker has it
-        busy.append(cell)
-        continue
-      log(f"{tag}: running ({prog.line()})")
-      outcome = run_cell(cell, workdir, cell_fn, f"{i}/{n}")
+      outcome = run_cell(cell, workdir, cell_fn, f"{i}/{n}",
+                         on_start=lambda tag=tag: log(f"{tag}: running ({prog.line()})"))
       if outcome == "busy":
         busy.append(cell)
+        if num_workers > 1:       # another worker has it: no line, not this run's progress
+          continue
+      elif outcome == "skipped" and num_workers > 1:
+        continue                  # another worker finished it just now: counted there
       else:
         counts[outcome] += 1
       # Progress over this run's cells, whoever ran them (one worker: its own count).
