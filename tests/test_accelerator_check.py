@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from benchmarks import accelerator_check as ac
+from tests.test_multiprocess_helpers import fast_compile_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100 = os.path.join(ROOT, "docs", "accelerator", "h100_2026-11-26")
@@ -59,7 +60,7 @@ def test_unknown_section_is_refused_naming_the_choices(capsys):
 
 
 def test_tiny_check_runs_every_section_on_the_cpu(tmp_path):
-  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", JAX_PLATFORMS="cpu")
+  env = fast_compile_env(dict(os.environ, JAX_PLATFORMS="cpu"))
   p = subprocess.run([sys.executable, "-m", "benchmarks.accelerator_check", "--tiny",
                       "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=600, check=False)

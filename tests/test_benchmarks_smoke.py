@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests.test_multiprocess_helpers import fast_compile_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = re.compile(r"^TARGET [\w.\-]+ [+\-]?\d+(\.\d+)?(e[+\-]?\d+)? (<=|>=) \d+(\.\d+)? (PASS|MISS)$")
 
@@ -46,8 +48,7 @@ def test_benchmark_smoke_run_ends_with_target_lines(name):
   why = _why_not(name)
   if why:
     pytest.skip(why)
-  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", JAX_PLATFORMS="cpu",
-             PYTHONPATH=ROOT)
+  env = fast_compile_env(dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
   p = subprocess.run([sys.executable, os.path.join("benchmarks", f"{name}.py"), *SMOKE[name]],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
                      check=False)

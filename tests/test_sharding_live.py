@@ -17,7 +17,7 @@ import textwrap
 
 import numpy as np
 
-from tests.test_multiprocess_helpers import subprocess_xla_flags
+from tests.test_multiprocess_helpers import fast_compile_env, subprocess_xla_flags
 from tests.test_train_helpers import REPO, TINY_CONFIG, describe, metric_rows, run_train
 
 # kv (per-head / slot features) and mlp split over `model`; everything else replicated.
@@ -119,7 +119,7 @@ def _env(devices: int) -> dict:
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env["JAX_PLATFORMS"] = "cpu"
   env["XLA_FLAGS"] = subprocess_xla_flags(devices)   # inherited XLA_FLAGS + fake devices
-  return env
+  return fast_compile_env(env)                       # compile-bound; layouts unaffected
 
 
 def test_read_port_activations_sharded_as_constrained(tmp_path):
