@@ -319,8 +319,9 @@ def run_job(job: Job, workdir: str, *, log: Callable[[str], None] = print) -> di
     summary = json.loads(json.dumps(summary, default=_json_default))
     job.write(ctx, results, summary)
     ctx.write_json(SUMMARY_FILE, summary)
-  log(f"[{job.name}] wrote {os.path.join(workdir, SUMMARY_FILE)} "
-      f"(elapsed {progress.fmt_duration(time.time() - t0)})")
+  ended = f"wrote {os.path.join(workdir, SUMMARY_FILE)}" if primary else (
+      f"finished (process {index}; process 0 writes {workdir})")
+  log(f"[{job.name}] {ended} (elapsed {progress.fmt_duration(time.time() - t0)})")
   return summary
 
 

@@ -12,11 +12,19 @@ nothing; `--use_workdir_config` audits with W's own config, and
 audit of the same workdir is refused while one runs. Known errors (config,
 workdir, checkpoint, data) print one line and exit 1; `--verbosity=1` shows the
 traceback (and third-party INFO logs).
+
+Several processes (hosts) audit one checkpoint together as they train it
+(experiments.train): the same command on every host with the cluster in the
+environment or the flags (--coordinator_address/--num_processes/--process_id, or
+srun); the mesh of the config's `sharding` spans every process's devices, process 0
+writes W/audit. docs/cluster.md, "Audits on a mesh".
 """
-from absl import app, flags
+import jax
+from absl import flags
 from ml_collections import config_flags
 
-from ceu_jax import audit_job, cli
+from ceu_jax import audit_config, audit_job, cli
+from ceu_jax.train import cluster
 from ceu_jax.engine.probes import CONTROL, EV
 from ceu_jax.metrics.resampling import fmt_ci
 
@@ -31,13 +39,20 @@ _USE_WORKDIR_CONFIG = flags.DEFINE_bool(
     "trained with (--config is then optional and ignored).")
 _ALLOW = flags.DEFINE_list("allow_config_change", [], "Training fields (dotted) that may "
                            "differ from <workdir>/config.json, e.g. data.delta.")
+_CLUSTER = cluster.define_flags("audits")
 
 
 def main(argv):
   del argv
+  procs = _CLUSTER()
+  if _CONFIG.value is not None and not _USE_WORKDIR_CONFIG.value:
+    audit_config.validate(_CONFIG.value)    # bad values first, before joining the cluster
+  cluster.join(procs)
   summary = audit_job.run_audit(_CONFIG.value, _WORKDIR.value, data_dir=_DATA_DIR.value,
                                 use_workdir_config=_USE_WORKDIR_CONFIG.value,
                                 allow_config_change=_ALLOW.value)
+  if jax.process_index() != 0:
+    return
   for name, s in summary["corruptions"].items():
     ceu = s["ceu"]
     print(f"[audit] {name}: EM {_num(s['accuracy']['em']['value'])}, mean CEU_ev "

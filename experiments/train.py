@@ -41,24 +41,16 @@ flags.DEFINE_bool("fresh", False, "Start from step 0 even though the workdir hol
 flags.DEFINE_list("allow_config_change", [], "Training fields (dotted, or a section such as "
                   "'cer') that may differ from <workdir>/config.json on this rerun, e.g. "
                   "train.num_steps,cer.lambda_ev. Model fields can never change.")
-flags.DEFINE_string("coordinator_address", "", "Multi-process runs: 'host:port' of process "
-                    "0's coordinator ('' = $JAX_COORDINATOR_ADDRESS, or SLURM / Open MPI "
-                    "detection, or a single process).")
-flags.DEFINE_integer("num_processes", -1, "Multi-process runs: the number of processes "
-                     "(-1 = $JAX_NUM_PROCESSES or the launcher's).")
-flags.DEFINE_integer("process_id", -1, "Multi-process runs: this process's id in "
-                     "[0, num_processes) (-1 = $JAX_PROCESS_ID or the launcher's).")
+_CLUSTER = cluster.define_flags("runs")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
-  procs = cluster.flag_values(FLAGS.coordinator_address, FLAGS.num_processes,
-                              FLAGS.process_id)
   try:
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,
-                            allow_config_change=FLAGS.allow_config_change, cluster=procs)
+                            allow_config_change=FLAGS.allow_config_change, cluster=_CLUSTER())
   except loop.Preempted as e:
     logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
     logging.flush()

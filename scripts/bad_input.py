@@ -131,14 +131,22 @@ def main() -> None:
     rows.append(f"| {case.what} | {show(cmd)} | `{line}` (exit {r['returncode']}) | "
                 f"{'yes (earlier run)' if r['workdir'] else 'no'} |")
   rows += ["", "Checked by hand (they need a training run or a full disk; see issue #34's "
-           "closing note): deleting the checkpoints of a completed run and training again "
-           "prints one line (`error: W has no checkpoint to resume from, but it shows an "
-           "earlier run (...). Refusing to retrain from step 0 silently: rerun with --fresh "
-           "...`) with no Orbax traceback after it; a run whose disk fills during an "
+           "closing note), their parts tested where a test can reach them: deleting the "
+           "checkpoints of a completed run and training again prints one line (`error: W "
+           "has no checkpoint to resume from, but it shows an earlier run (...). Refusing "
+           "to retrain from step 0 silently: rerun with --fresh ...`) with no Orbax "
+           "traceback after it (the refusal comes before Orbax starts its threads; "
+           "tests/test_train_provenance.py refuses it); a run whose disk fills during an "
            "asynchronous checkpoint ends with one `error: RESOURCE_EXHAUSTED: ... No space "
-           "left on device` line and status.json names the last committed checkpoint (Orbax's "
-           "thread errors are one line each; tensorstore's C++ write callbacks still print "
-           "'Event loop is closed' tracebacks, which this project cannot intercept)."]
+           "left on device` line and status.json names the last committed checkpoint "
+           "(`checkpoint_step`; tests/test_train_resume.py checks it after a kill inside a "
+           "save) (Orbax's thread errors are one line each without their traceback: "
+           "tests/test_cli_configs.py; tensorstore's C++ write callbacks still print "
+           "'Event loop is closed' tracebacks, which this project cannot intercept). A "
+           "read-only workdir is an OSError naming the path, one line like the table's "
+           "'workdir below a file' (tests/test_jobs.py; skipped as root, whom chmod does "
+           "not stop). A typo of a config field is named with the nearest known field in "
+           "every entry point's config (tests/test_cli_configs.py)."]
   path = os.path.join(ROOT, "docs", "bad_input.md")
   with open(path, "w") as f:
     f.write("\n".join(rows) + "\n")

@@ -2,8 +2,10 @@
 errors and quiet logs (acceptance 5)."""
 from __future__ import annotations
 
+import io
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -111,6 +113,25 @@ def test_third_party_info_is_filtered_ours_and_warnings_kept():
   assert not f.filter(benign)
 
 
+def test_a_third_party_threads_error_is_one_line_without_its_traceback():
+  """Issue #34.3: Orbax logs one error with its traceback per background thread (a full
+  disk); at verbosity 0 each is one line, the main thread's error names the cause."""
+  f = cli._ThirdPartyInfoFilter()  # pylint: disable=protected-access
+  orbax = "/venv/lib/python3.11/site-packages/orbax/checkpoint/async_checkpointer.py"
+  try:
+    raise OSError(28, "No space left on device")
+  except OSError:
+    exc = sys.exc_info()
+  rec = logging.LogRecord("absl", logging.ERROR, orbax, 1, "save failed: %s\nTraceback (most "
+                          "recent call last):\n  ...", ("step 40",), exc)
+  assert f.filter(rec)
+  assert rec.getMessage() == "save failed: step 40"
+  assert rec.exc_info is None and rec.exc_text is None and rec.stack_info is None
+  handler = logging.StreamHandler(io.StringIO())
+  handler.handle(rec)
+  assert handler.stream.getvalue() == "save failed: step 40\n"
+
+
 def test_one_line_errors():
   assert cli.one_line(ValueError("cer.alpha must be in (0, 1],\n got 1.5")) == (
       "error: cer.alpha must be in (0, 1], got 1.5 (--verbosity=1 shows the traceback)")
@@ -155,3 +176,64 @@ def test_audit_readers_keep_their_training_world_when_the_main_job_moves():
   rc = smoke.audit_reader_config(data, "ssm", False, 4000)
   assert rc.data.to_dict() == {"task": "atr_chain"} and rc.train.num_steps == 4000
   assert (rc.train.batch_size, rc.train.learning_rate, rc.train.warmup_steps) == (32, 3e-3, 50)
+
+
+def _entry_points_with_a_config() -> list[tuple[str, str]]:
+  """(module, the config its docstring runs) for every experiments/*.py with --config."""
+  out = []
+  for name in sorted(os.listdir(os.path.join(ROOT, "experiments"))):
+    with open(os.path.join(ROOT, "experiments", name)) as f:
+      text = f.read()
+    if re.search(r"DEFINE_config_file\(\s*[\"']config[\"']", text):
+      spec = re.search(r"--config[ =](configs/\w+\.py(?::[\w,=.]+)?)", text)
+      assert spec, f"experiments/{name}: its docstring shows no --config command"
+      out.append((name[:-3], spec.group(1)))
+  return out
+
+
+def _a_nested_field(config, prefix: str = "") -> str | None:
+  """The first leaf field inside a section (dotted), else None."""
+  for k, v in config.items():
+    if isinstance(v, ml_collections.ConfigDict):
+      inner = _a_nested_field(v, f"{prefix}{k}.")
+      if inner:
+        return inner
+    elif prefix:
+      return prefix + k
+  return None
+
+
+@pytest.mark.parametrize("module,spec", _entry_points_with_a_config())
+def test_a_field_typo_in_any_entry_points_config_is_one_line_naming_the_nearest(module, spec):
+  """Issue #34.3: every entry point parses its flags with `cli.parse_flags` (`cli.run`,
+  tests/test_layering.py); a typo of a config field, top-level or in a section, is named
+  with the nearest known field."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, _, arg = spec.partition(":")
+  mspec = importlib.util.spec_from_file_location(f"_typo_{module}", os.path.join(ROOT, path))
+  mod = importlib.util.module_from_spec(mspec)
+  mspec.loader.exec_module(mod)
+  config = mod.get_config(arg) if arg else mod.get_config()
+  top = max((k for k, v in config.items() if not isinstance(v, ml_collections.ConfigDict)),
+            key=len, default=None)    # the longest top-level field, if any
+  fields = [f for f in (top, _a_nested_field(config)) if f]
+  assert fields, module
+  for field in fields:
+    typo = field[:-1]
+    line = cli.unknown_field_line([f"--config={spec}", "--workdir=W", f"--config.{typo}=4"])
+    assert line == (f"error: --config.{typo}: no such field in {spec}; the nearest known "
+                    f"field is {field}"), (module, line)
+
+
+def test_steps_below_the_default_warmup_scale_it():
+  """Issue #34.3: `steps=N` as the config argument scales the warm-up (at most N // 10), so
+  `:tiny,steps=40` validates; --config.train.num_steps=40 says how (docs/bad_input.md)."""
+  from ceu_jax.train import config as train_config  # pylint: disable=g-import-not-at-top
+  c = atr_insert.get_config("tiny,steps=40")
+  assert (c.train.num_steps, c.train.warmup_steps) == (40, 4)
+  train_config.validate(c)
+  c.train.num_steps = 30
+  c.train.warmup_steps = 200
+  with pytest.raises(ValueError, match=r"warmup_steps \(200\) must be <= train.num_steps "
+                                       r"\(30\): set --config.train.warmup_steps"):
+    train_config.validate(c)

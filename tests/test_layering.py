@@ -4,7 +4,8 @@
   audit job, grids or experiments;
 - training imports no file or plot module (the audit job, plotting, matplotlib)
   and importing `ceu_jax.train` does not import matplotlib;
-- no library module imports `experiments`;
+- no library module imports `experiments`; every `experiments/*.py` entry point runs
+  through `cli.run`;
 - the pretrained package runs its audits through the engine;
 - a retrieval model is built from a config in one place (`ceu_jax.auditor`), and
   ceu_jax/, experiments/ and benchmarks/ build models only by `architectures.build_model`;
@@ -280,4 +281,19 @@ def test_no_private_name_crosses_a_module():
       if (isinstance(node, ast.Attribute) and private(node.attr)
           and isinstance(node.value, ast.Name) and aliases.get(node.value.id, me) != me):
         bad.append(f"{me}: {aliases[node.value.id]}.{node.attr}")
+  assert not bad, bad
+
+
+def test_every_entry_point_runs_through_cli_run():
+  """Issue #34.1: every `experiments/*.py` entry point starts by `cli.run(main)` (one-line
+  errors, quiet logs), none by absl's `app.run` directly."""
+  bad = []
+  for f in sorted((ROOT / "experiments").glob("*.py")):
+    tree = ast.parse(f.read_text(), str(f))
+    mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    if f.name == "__init__.py":
+      continue
+    calls = {ast.unparse(c.func) for m in mains for c in ast.walk(m) if isinstance(c, ast.Call)}
+    if "cli.run" not in calls or "app.run" in calls:
+      bad.append(f"{f.name}: {sorted(calls) or 'no __main__ block'}")
   assert not bad, bad

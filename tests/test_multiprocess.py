@@ -21,7 +21,10 @@ cer_ev, the parameters) and equal bit for bit between the two-process runs.
 """
 from __future__ import annotations
 
+import csv
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -157,6 +160,42 @@ def test_two_processes_tiny(tmp_path):
   _assert_both_wrote(two, 3)
   _assert_close_metrics(metric_rows(two), metric_rows(one))
   _assert_params_close(_params(two, 3), _params(one, 3))
+  _assert_two_process_audit_equals_one(two, str(tmp_path), logs, cache)
+
+
+def _examples(audit_dir: str) -> list[dict]:
+  with open(os.path.join(audit_dir, "examples.csv")) as f:
+    return list(csv.DictReader(f))
+
+
+def _assert_two_process_audit_equals_one(trained: str, tmp: str, logs: str, cache: str):
+  """Issue #34.7: `experiments.audit` in two processes of 4 devices (the cluster flags, as
+  training's) audits the two-process checkpoint on the 8-device mesh; its record (the
+  checkpoint digest, taken of host-local data, and the eval set) equals a one-process
+  audit's of the same checkpoint, and so do its log-likelihoods to 1e-5."""
+  from ceu_jax import audit_job  # pylint: disable=g-import-not-at-top
+  from tests.conftest import fast_compile  # pylint: disable=g-import-not-at-top
+  data = os.path.join(tmp, "evalsets")
+  alone = os.path.join(tmp, "audited_alone")
+  shutil.copytree(trained, alone)
+  with fast_compile():
+    audit_job.run_audit(None, alone, use_workdir_config=True, data_dir=data,
+                        log=lambda s: None)
+  res = launch(["-m", "experiments.audit", "--use_workdir_config", f"--workdir={trained}",
+                f"--data_dir={data}"], logs, tag="audit", cache_dir=cache, fast_compile=True)
+  assert all(r.returncode == 0 for r in res), describe_all(res)
+  assert "split 8 ways" in res[0].stdout and "split 8 ways" in res[1].stdout, res[0].stdout
+  assert ": EM " in res[0].stdout and ": EM " not in res[1].stdout  # process 0 prints
+  assert "[audit] finished (process 1; process 0 writes" in res[1].stdout, res[1].stdout
+  record = lambda d: json.load(open(os.path.join(d, "audit", "job.json")))  # noqa: E731
+  assert record(trained) == record(alone)
+  assert record(trained)["config"]["params_digest"]
+  two, one = _examples(os.path.join(trained, "audit")), _examples(os.path.join(alone, "audit"))
+  assert [(r["corruption"], r["example_id"]) for r in two] == [
+      (r["corruption"], r["example_id"]) for r in one]
+  for field in ("L_plus", "L_minus", "L_int_ev"):
+    np.testing.assert_allclose([float(r[field]) for r in two], [float(r[field]) for r in one],
+                               rtol=1e-5, atol=1e-5, err_msg=field)
 
 
 def test_audit_digest_of_model_parallel_parameters_in_two_processes(tmp_path):

@@ -64,6 +64,10 @@ def _run_killed(ref: dict, workdir: str, point: str) -> None:
     step = int(point.split(":")[1])
     assert step not in checkpoint_steps(workdir), checkpoint_steps(workdir)
     assert any(n.startswith(f"{step}.") for n in _tmp_dirs(workdir)), _tmp_dirs(workdir)
+    # status.json names the last committed step, not the one whose save was cut off (#34.3)
+    st = status(workdir)
+    assert (st["step"], st["saving_step"]) == (step, step), st
+    assert st["checkpoint_step"] == max(checkpoint_steps(workdir)) < step, st
 
 
 def _finish(ref: dict, workdir: str, *overrides: str):

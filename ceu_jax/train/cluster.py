@@ -25,10 +25,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import jax
-from absl import logging
+from absl import flags, logging
 
 # jax.distributed cluster detection methods (jax/_src/clusters/*.py `name`s).
 DETECT_METHODS = ("auto", "slurm", "ompi", "gce_tpu", "gke_tpu", "k8s", "mpi4py")
@@ -173,5 +173,21 @@ def flag_values(coordinator_address: str, num_processes: int, process_id: int
       process_id=None if process_id < 0 else process_id)
 
 
-__all__: Sequence[str] = ("Cluster", "ClusterError", "DETECT_METHODS", "describe", "join",
-                          "flag_values")
+def define_flags(what: str = "runs") -> Callable[[], Cluster]:
+  """The entry point's --coordinator_address / --num_processes / --process_id flags
+  (experiments.train, experiments.audit); returns a function for `main` that gives the
+  cluster they and the environment describe (`flag_values`)."""
+  address = flags.DEFINE_string(
+      "coordinator_address", "", f"Multi-process {what}: 'host:port' of process 0's "
+      "coordinator ('' = $JAX_COORDINATOR_ADDRESS, or SLURM / Open MPI detection, or a "
+      "single process).")
+  count = flags.DEFINE_integer("num_processes", -1, f"Multi-process {what}: the number of "
+                               "processes (-1 = $JAX_NUM_PROCESSES or the launcher's).")
+  index = flags.DEFINE_integer("process_id", -1, f"Multi-process {what}: this process's id "
+                               "in [0, num_processes) (-1 = $JAX_PROCESS_ID or the "
+                               "launcher's).")
+  return lambda: flag_values(address.value, count.value, index.value)
+
+
+__all__: Sequence[str] = ("Cluster", "ClusterError", "DETECT_METHODS", "define_flags",
+                          "describe", "join", "flag_values")
