@@ -16,7 +16,8 @@ import pytest
 from ceu_jax.data import atr
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import LineKind
-from ceu_jax.theory import adversary, experiment
+from ceu_jax import claims
+from ceu_jax.theory import adversary, experiment, verdicts
 from configs import bounds as bounds_config
 from tests.conftest import fast_compile
 
@@ -41,8 +42,13 @@ def _check_outputs(workdir: str, config) -> dict:
   assert len(res["t2"]["points"]) == len(config.models)
   md = open(os.path.join(workdir, "bounds.md")).read()
   assert md.startswith("## bounds")
-  for word in ("α =", "ĉ =", "γ(δ)", "Violations", "T1", "T2"):
+  for word in ("α =", "ĉ =", "γ(δ)", "Violations", "T1", "T2", "Verdicts"):
     assert word in md, word
+  assert [v["claim"] for v in res["verdicts"]] == ["T1", "T2", "T3", "T3 (alternative ĉ)"]
+  assert {v["verdict"] for v in res["verdicts"]} <= {
+      claims.SUPPORTED, claims.NOT_SUPPORTED, claims.OPPOSITE, claims.UNTESTED}
+  # the verdicts are re-derived from the file alone
+  assert verdicts.as_json(verdicts.all_verdicts(res)) == res["verdicts"]
   return res
 
 
@@ -70,6 +76,16 @@ def test_run_bounds_micro_smoke(tmp_path):
     experiment.run_bounds(config, workdir, log=logs.append)
   assert sum("trained, skipped" in line for line in logs) == len(config.models)
   assert json.load(open(os.path.join(workdir, "bounds.json")))["models"] == res["models"]
+
+
+@pytest.mark.parametrize("variant", bounds_config.VARIANTS)
+def test_every_variant_builds_its_models(variant):
+  config = bounds_config.get_config(variant)
+  names = [name for name, _ in config.models]
+  assert config.t3.model in names and len(set(names)) == len(names)
+  for _, overrides in config.models:
+    cfg = experiment.model_config(config, overrides)
+    assert cfg.train.num_steps >= 1 and cfg.data.context_len >= 1
 
 
 def test_candidate_pool_is_surface_matched():

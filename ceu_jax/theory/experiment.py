@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from ceu_jax import io
+from ceu_jax import claims, io
 from ceu_jax.metrics.resampling import Aggregate, fmt_ci
 from ceu_jax.theory import (adversary, bounds_plots, lower_bound, measure, plots,
                             two_channel, upper_bound)
@@ -123,7 +123,26 @@ def run_t2(config, models, base_rows, log: Log) -> dict:
         f"{int(res['forwards'].sum())} batched forwards)")
   summary = lower_bound.t2_summary(points, n_resamples=int(config.eval.num_resamples),
                                    seed=int(config.seed))
-  return {"points": points, "attacks": attacks, "summary": summary}
+  return {"points": points, "attacks": attacks, "summary": summary,
+          "paired": t2_paired(config, points, attacks, base_rows)}
+
+
+def t2_paired(config, points, attacks, base_rows) -> dict:
+  """Paired per-item accuracy-drop difference, lowest − highest mean CEU_ev model, on
+  the evidence-present attacked items they share (the T2 verdict's dependence part)."""
+  if len(points) < 2:
+    return {}
+  order = sorted(points, key=lambda p: p.one_minus_ceu.floats()[0])
+  high, low = order[0].name, order[-1].name          # highest / lowest mean CEU_ev
+  n = int(config.t2.num_examples)
+  sup = (np.asarray(base_rows[low]["has_evidence"][:n], bool)
+         & np.asarray(base_rows[high]["has_evidence"][:n], bool))
+  drop = {name: (np.asarray(attacks[name]["clean_correct"], np.float64)
+                 - np.asarray(attacks[name]["adv_correct"], np.float64))[sup]
+          for name in (low, high)}
+  diff = claims.paired("accuracy drop", [("run", drop[low], drop[high])],
+                       seed=int(config.seed), num_resamples=int(config.eval.num_resamples))
+  return {"low": low, "high": high, "diff": diff.per_seed[0].diff}
 
 
 # --------------------------------------------------------------- T3
