@@ -36,8 +36,9 @@ def _check_outputs(workdir: str, config) -> dict:
   for key in ("alpha", "c"):
     assert {"value", "ci_low", "ci_high", "n"} <= set(t3[key])
   assert set(t3["reports"]) == {f"δ={d:g}" for d in config.t3.deltas}
-  for rep in t3["reports"].values():
-    assert len(rep["rates"]) == len(config.t3.etas)
+  assert set(t3["split"]) == set(t3["reports"])
+  for label, rep in t3["reports"].items():
+    assert len(rep["rates"]) == len(config.t3.etas) == len(t3["split"][label])
     assert isinstance(rep["violations"], list)
   assert len(res["t2"]["points"]) == len(config.models)
   md = open(os.path.join(workdir, "bounds.md")).read()
@@ -113,3 +114,13 @@ def test_run_bounds_tiny_within_15_minutes(tmp_path):
   experiment.run_bounds(config, str(tmp_path / "w"))
   assert time.time() - tic < 15 * 60
   _check_outputs(str(tmp_path / "w"), config)
+
+
+@pytest.mark.slow
+def test_run_bounds_mid_within_30_minutes_on_accurate_models(tmp_path):
+  config = bounds_config.get_config("mid")
+  tic = time.time()
+  experiment.run_bounds(config, str(tmp_path / "w"))
+  assert time.time() - tic < 30 * 60
+  res = _check_outputs(str(tmp_path / "w"), config)
+  assert all(m["accuracy"] >= 0.9 for m in res["models"].values()), res["models"]

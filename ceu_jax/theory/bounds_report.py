@@ -111,7 +111,8 @@ def _t3_json(config, t3: dict) -> dict:
   return {"model": t3["model"], "alpha": t3["alpha"], "gamma_by_delta": t3["gammas"],
           "alpha_by_delta": t3["alphas"], "c": t3["c"], "c_estimator": c_statement(config, method),
           "c_alt": t3["c_alt"], "c_alt_estimator": c_statement(config, alt),
-          "reports": reps(t3["reports"]), "reports_alt_c": reps(t3["reports_alt"])}
+          "reports": reps(t3["reports"]), "reports_alt_c": reps(t3["reports_alt"]),
+          "split": {f"δ={d:g}": v for d, v in sorted(t3["split"].items())}}
 
 
 def to_json(config, base_rows: dict, t1: dict, t2: dict, t3: dict, paths: dict,
@@ -212,8 +213,11 @@ def _t3_md(t3: dict) -> list[str]:
   out += _violations_md(t3["reports"])
   out += ["", f"With the alternative estimator ĉ = {_fmt(t3['c_alt'])}: {t3['c_alt_estimator']}:"]
   out += _violations_md(t3["reports_alt_c"])
-  out += ["", "| δ | η | unsupported rate | bound |", "|---|---|---|---|"]
+  out += ["", "| δ | η | unsupported rate | bound | realised miss share | unsupported where "
+          "the evidence is present |", "|---|---|---|---|---|---|"]
   for label, rep in t3["reports"].items():
-    out += [f"| {label} | {eta:g} | {_fmt(r)} | {_f(b, '.3f')} |"
-            for eta, r, b in zip(rep["etas"], rep["rates"], rep["bound"])]
+    split = t3.get("split", {}).get(label) or [{}] * len(rep["etas"])
+    out += [f"| {label} | {eta:g} | {_fmt(r)} | {_f(b, '.3f')} | {_f(x.get('miss_share'))} | "
+            f"{_fmt(x.get('present_unsupported'))} |"
+            for eta, r, b, x in zip(rep["etas"], rep["rates"], rep["bound"], split)]
   return out

@@ -24,7 +24,7 @@ import numpy as np
 
 from ceu_jax import claims, io
 from ceu_jax.metrics.resampling import Aggregate, fmt_ci
-from ceu_jax.theory import (adversary, bounds_plots, lower_bound, measure, plots,
+from ceu_jax.theory import (adversary, bounds_plots, lower_bound, measure, plots, stats,
                             two_channel, upper_bound)
 from ceu_jax.theory import bounds_report as report
 
@@ -210,6 +210,12 @@ def run_t3(config, tm, log: Log) -> dict:
   tau, base = float(r.tau), float(r.base_delta)
   rates = {d: upper_bound.rate_by_eta([_unsupported(x, tau) for x in rows], **boot)
            for d, rows in by_delta.items()}
+  # The rate split in two: the realised miss share (the bound's η) and the unsupported
+  # rate where the evidence is present (the bound's exp(−c α γ) term).
+  split = {d: [{"miss_share": float(1.0 - np.mean(x["has_evidence"])),
+                "present_unsupported": stats.rate_estimate(
+                    _unsupported(x, tau), np.asarray(x["has_evidence"], bool), **boot)}
+               for x in rows] for d, rows in by_delta.items()}
   alphas, gammas = {}, {}
   for d, rows in by_delta.items():
     present = _cat(rows, "has_evidence")
@@ -226,7 +232,7 @@ def run_t3(config, tm, log: Log) -> dict:
   alt = upper_bound.t3_reports_by_delta(r.etas, rates, alpha, gammas, c_alt)
   return {"model": tm.name, "rates": rates, "alpha": alpha, "alphas": alphas,
           "gammas": gammas, "c": c, "c_alt": c_alt, "reports": reports,
-          "reports_alt": alt, "heldout_rows": held, "by_delta": by_delta}
+          "reports_alt": alt, "heldout_rows": held, "by_delta": by_delta, "split": split}
 
 
 # --------------------------------------------------------------- driver
