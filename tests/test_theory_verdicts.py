@@ -158,3 +158,6 @@ def test_all_verdicts_reads_a_bounds_json_dict():
   assert [v["claim"] for v in out] == ["T1", "T2", "T3", "T3 (alternative ĉ)"]
   assert [v["verdict"] for v in out] == [claims.SUPPORTED, claims.UNTESTED,
                                          claims.SUPPORTED, claims.SUPPORTED]
+  # a markdown row per claim: no '|' inside a cell
+  rows = [r for r in claims.table(verdicts.all_verdicts(res)).splitlines() if r.startswith("| T")]
+  assert len(rows) == 4 and all(r.count("|") == 5 for r in rows), rows

@@ -68,7 +68,7 @@ def _diff(label: str, agg) -> claims.Difference:
 def t1_verdict(t1: Mapping) -> claims.Claim:
   """From bounds.json's `t1`: trained[name]['spearman'] (an Aggregate dict) and
   synthetic['coupling 0'] (scales, max_abs_diff per scale)."""
-  parts = [(f"{name}: Spearman(perturbation, |diff|)", _diff(name, d.get("spearman")), +1)
+  parts = [(f"{name}: Spearman(perturbation, abs diff)", _diff(name, d.get("spearman")), +1)
            for name, d in t1["trained"].items()]
   synth = t1["synthetic"].get("coupling 0") or {}
   sweep, scales = synth.get("max_abs_diff") or [], synth.get("scales") or []
@@ -78,11 +78,11 @@ def t1_verdict(t1: Mapping) -> claims.Claim:
   else:
     sweep = [sweep[i] for i in np.argsort(scales)]
     cond = bool(np.all(np.diff(np.asarray(sweep, np.float64)) >= 0))
-    text = f"max |diff| {sweep[0]:.2g} at the smallest s … {sweep[-1]:.2g} at the largest"
+    text = f"max abs diff {sweep[0]:.2g} at the smallest s … {sweep[-1]:.2g} at the largest"
   claim = claims.combine(
       "T1", "restoration in log-likelihood space equals logit space up to a term that "
       "vanishes as the perturbation shrinks", parts,
-      [("two-channel max |diff| non-decreasing in s", cond, text)])
+      [("two-channel max abs diff non-decreasing in s", cond, text)])
   return _with_rule(claim, T1_RULE)
 
 
