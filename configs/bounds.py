@@ -1,11 +1,15 @@
 """Theorem-style bound plots T1–T3 on trained ATR-insert models (SPEC §7, issue #7).
 
-Run (tiny: ≤ 15 min on 2 CPU cores, training included):
+Run (mid: ≤ 30 min on 2 CPU cores, training included, models of accuracy ≥ 0.9 in
+the smoke grid's plain world; the search behind it is in docs/bounds.md):
+  python -m experiments.bounds --config configs/bounds.py:mid --workdir runs/bounds_mid
+tiny (≤ 15 min; weak models, accuracy ≤ 0.28):
   python -m experiments.bounds --config configs/bounds.py:tiny --workdir runs/bounds_tiny
 Full config (for an accelerator; hours on CPU):
   python -m experiments.bounds --config configs/bounds.py:full --workdir runs/bounds
-Arguments: `tiny`, `full` or `micro` (seconds; used by the smoke test), then optional
-overrides, e.g. `configs/bounds.py:tiny,steps=300,examples=128`.
+Arguments: `mid`, `tiny`, `full` or `micro` (seconds; used by the smoke test), then
+optional overrides, e.g. `configs/bounds.py:tiny,steps=300,examples=128` (`steps`
+sets every model's steps, CER models' included).
 
 Writes W/plots/{t1,t2,t3}.{png,pdf}, W/bounds.md (the report's `bounds` section)
 and W/bounds.json; models are trained (resumably) under W/models/<name>/ and
@@ -17,7 +21,7 @@ import ml_collections
 
 from configs import atr_insert, common
 
-VARIANTS = ("micro", "tiny", "full")
+VARIANTS = ("micro", "tiny", "mid", "full")
 
 
 def _models(variant: str, steps: int, cer_steps: int) -> tuple:
@@ -29,7 +33,7 @@ def _models(variant: str, steps: int, cer_steps: int) -> tuple:
                               ("train.num_steps", cer_steps)))
   if variant == "micro":
     return (shortcut, port_only)
-  if variant == "tiny":
+  if variant in ("tiny", "mid"):
     return (shortcut, cer_hi, port_only)
   cer_lo = ("bypass_cer_l0.3", (bypass, cer, ("cer.lambda_ev", 0.3),
                                 ("train.num_steps", cer_steps)))
@@ -47,6 +51,10 @@ def _model_base(variant: str, steps: int) -> ml_collections.ConfigDict:
   c.train.batch_size = 32 if small else 128
   c.train.learning_rate = 2e-3 if small else 1e-3
   c.train.warmup_steps = min(50, steps // 4) if small else 1000
+  if variant == "mid":                     # the smoke grid's world (configs/smoke.py):
+    c.data.num_passages = 4                # 4 passages x 16 tokens, 16 IDs/KEYs/VALUEs,
+    c.data.n_ids = c.data.n_keys = c.data.n_values = 16   # which learns in minutes
+    c.train.learning_rate = 3e-3
   c.train.eval_every = 0                   # no training-time eval: run_bounds measures itself
   c.train.checkpoint_every = max(steps // 2, 1)
   c.train.log_every = max(min(100, steps // 4), 1)
@@ -61,8 +69,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if a.variant not in VARIANTS:
     raise ValueError(f"configs/bounds.py: variant must be one of {VARIANTS}, got {a.variant!r}")
   micro, full = a.variant == "micro", a.variant == "full"
-  steps = a.steps or (5 if micro else 20000 if full else 1200)
-  cer_steps = a.steps or (5 if micro else 20000 if full else 500)
+  mid = a.variant == "mid"
+  steps = a.steps or (5 if micro else 20000 if full else 1500 if mid else 1200)
+  cer_steps = a.steps or (5 if micro else 20000 if full else 1000 if mid else 500)
   n = a.examples or (16 if micro else 2048 if full else 256)
   c = ml_collections.ConfigDict()
   c.seed = a.seed                          # seeds the eval sets, probes and search

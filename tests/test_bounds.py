@@ -16,7 +16,8 @@ import pytest
 from ceu_jax.data import atr
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import LineKind
-from ceu_jax.theory import adversary, experiment
+from ceu_jax import claims
+from ceu_jax.theory import adversary, experiment, verdicts
 from configs import bounds as bounds_config
 from tests.conftest import fast_compile
 
@@ -35,14 +36,20 @@ def _check_outputs(workdir: str, config) -> dict:
   for key in ("alpha", "c"):
     assert {"value", "ci_low", "ci_high", "n"} <= set(t3[key])
   assert set(t3["reports"]) == {f"δ={d:g}" for d in config.t3.deltas}
-  for rep in t3["reports"].values():
-    assert len(rep["rates"]) == len(config.t3.etas)
+  assert set(t3["split"]) == set(t3["reports"])
+  for label, rep in t3["reports"].items():
+    assert len(rep["rates"]) == len(config.t3.etas) == len(t3["split"][label])
     assert isinstance(rep["violations"], list)
   assert len(res["t2"]["points"]) == len(config.models)
   md = open(os.path.join(workdir, "bounds.md")).read()
   assert md.startswith("## bounds")
-  for word in ("α =", "ĉ =", "γ(δ)", "Violations", "T1", "T2"):
+  for word in ("α =", "ĉ =", "γ(δ)", "Violations", "T1", "T2", "Verdicts"):
     assert word in md, word
+  assert [v["claim"] for v in res["verdicts"]] == ["T1", "T2", "T3", "T3 (alternative ĉ)"]
+  assert {v["verdict"] for v in res["verdicts"]} <= {
+      claims.SUPPORTED, claims.NOT_SUPPORTED, claims.OPPOSITE, claims.UNTESTED}
+  # the verdicts are re-derived from the file alone
+  assert verdicts.as_json(verdicts.all_verdicts(res)) == res["verdicts"]
   return res
 
 
@@ -72,6 +79,16 @@ def test_run_bounds_micro_smoke(tmp_path):
   assert json.load(open(os.path.join(workdir, "bounds.json")))["models"] == res["models"]
 
 
+@pytest.mark.parametrize("variant", bounds_config.VARIANTS)
+def test_every_variant_builds_its_models(variant):
+  config = bounds_config.get_config(variant)
+  names = [name for name, _ in config.models]
+  assert config.t3.model in names and len(set(names)) == len(names)
+  for _, overrides in config.models:
+    cfg = experiment.model_config(config, overrides)
+    assert cfg.train.num_steps >= 1 and cfg.data.context_len >= 1
+
+
 def test_candidate_pool_is_surface_matched():
   cfg = ATRConfig(context_len=128, n_ids=16, n_keys=16, n_values=16, paraphrase_rate=0.5)
   batch = atr.generate_batch(cfg, 3, 0, 8, "test")
@@ -97,3 +114,13 @@ def test_run_bounds_tiny_within_15_minutes(tmp_path):
   experiment.run_bounds(config, str(tmp_path / "w"))
   assert time.time() - tic < 15 * 60
   _check_outputs(str(tmp_path / "w"), config)
+
+
+@pytest.mark.slow
+def test_run_bounds_mid_within_30_minutes_on_accurate_models(tmp_path):
+  config = bounds_config.get_config("mid")
+  tic = time.time()
+  experiment.run_bounds(config, str(tmp_path / "w"))
+  assert time.time() - tic < 30 * 60
+  res = _check_outputs(str(tmp_path / "w"), config)
+  assert all(m["accuracy"] >= 0.9 for m in res["models"].values()), res["models"]

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 
 from ceu_jax.metrics.resampling import Aggregate, fmt_ci
-from ceu_jax.theory import identifiability, two_channel
+from ceu_jax import claims
+from ceu_jax.claims import table as claims_table
+from ceu_jax.theory import identifiability, stats, two_channel, verdicts
 
 C_ESTIMATOR = {
     "mle": ("maximum likelihood of Pr[unsupported | a] = exp(−c·a) over held-out "
@@ -77,7 +79,7 @@ def _clean(x: Any) -> Any:
   return x
 
 
-def _t1_json(t1: dict) -> dict:
+def _t1_json(config, t1: dict) -> dict:
   trained = {}
   for name, r in t1["trained"].items():
     ok = np.isfinite(r.diff) & np.isfinite(r.perturbation) & (r.perturbation > 0)
@@ -87,7 +89,11 @@ def _t1_json(t1: dict) -> dict:
                      "median_abs_diff": float(np.median(np.abs(r.diff[ok]))) if ok.any() else None,
                      "median_abs_calibration": float(np.nanmedian(np.abs(r.calibration[ok])))
                      if ok.any() else None,
-                     "curve": curve}
+                     "curve": curve,
+                     # T1's trend (the verdict's number): does |diff| grow with the perturbation?
+                     "spearman": stats.spearman_estimate(
+                         r.perturbation[ok], np.abs(r.diff[ok]),
+                         n_resamples=int(config.eval.num_resamples), seed=int(config.seed))}
   synthetic = {label: {"scales": [s for s, _ in sweep],
                        "max_abs_diff": two_channel.sweep_max_abs_diff(sweep)}
                for label, sweep in t1["synthetic"].items()}
@@ -105,7 +111,8 @@ def _t3_json(config, t3: dict) -> dict:
   return {"model": t3["model"], "alpha": t3["alpha"], "gamma_by_delta": t3["gammas"],
           "alpha_by_delta": t3["alphas"], "c": t3["c"], "c_estimator": c_statement(config, method),
           "c_alt": t3["c_alt"], "c_alt_estimator": c_statement(config, alt),
-          "reports": reps(t3["reports"]), "reports_alt_c": reps(t3["reports_alt"])}
+          "reports": reps(t3["reports"]), "reports_alt_c": reps(t3["reports_alt"]),
+          "split": {f"δ={d:g}": v for d, v in sorted(t3["split"].items())}}
 
 
 def to_json(config, base_rows: dict, t1: dict, t2: dict, t3: dict, paths: dict,
@@ -115,11 +122,14 @@ def to_json(config, base_rows: dict, t1: dict, t2: dict, t3: dict, paths: dict,
                    "n": int(r["correct"].size), "n_degenerate": int(np.sum(r["degenerate"]))}
             for name, r in base_rows.items()}
   t2_json = {"budget": t2_budget(config), "points": t2["points"], "summary": t2["summary"],
+             "paired": t2["paired"],
              "substituted_mean": {n: float(a["n_substituted"].mean())
                                   for n, a in t2["attacks"].items()}}
-  return _clean({"settings": config.to_dict(), "wall_time_s": wall_s, "models": models,
-                 "t1": _t1_json(t1), "t2": t2_json, "t3": _t3_json(config, t3),
-                 "plots": paths})
+  res = _clean({"settings": config.to_dict(), "wall_time_s": wall_s, "models": models,
+                "t1": _t1_json(config, t1), "t2": t2_json, "t3": _t3_json(config, t3),
+                "plots": paths})
+  res["verdicts"] = verdicts.as_json(verdicts.all_verdicts(res))   # from the JSON itself
+  return res
 
 
 # --------------------------------------------------------------- markdown
@@ -162,7 +172,8 @@ def markdown(config, res: dict) -> str:
   out += ["", "### T1 identifiability", "",
           f"Evidence-span restoration under {config.t1.corruption}: median |R_ll − R_logit| "
           "per model: " + ", ".join(f"{n} {_f(d['median_abs_diff'])} (n={d['n']}, "
-                                    f"{d['n_degenerate']} degenerate)"
+                                    f"{d['n_degenerate']} degenerate; Spearman with the perturbation "
+                                    f"{_fmt(d.get('spearman'))})"
                                     for n, d in t1["trained"].items()) + "."]
   for label, s in t1["synthetic"].items():
     out.append(f"Exact two-channel model, {label}: max |diff| {_f(s['max_abs_diff'][0], '.2g')} "
@@ -178,7 +189,14 @@ def markdown(config, res: dict) -> str:
   out += ["", f"Fit drop = k(1 − CEU): k = {_f(s['slope'])}, 95% CI [{_f(s['slope_lo'])}, "
           f"{_f(s['slope_hi'])}]; min drop/(1 − CEU) = {_f(s['min_ratio'])}; Spearman "
           f"{_f(s['spearman'])} over {s['n_models']} models.", ""]
+  pair = t2.get("paired") or {}
+  if pair:
+    out += [f"Paired drop difference {pair['low']} (lowest mean CEU_ev) − {pair['high']} "
+            f"(highest), same attacked items: {_fmt(pair['diff'])} (n={pair['diff']['n']}).", ""]
   out += _t3_md(t3)
+  out += ["", "### Verdicts (ceu_jax/theory/verdicts.py)", "",
+          claims_table([claims.Claim(v["claim"], v["statement"], v["verdict"], v["numbers"],
+                                     v["rule"]) for v in res["verdicts"]])]
   return "\n".join(out) + "\n"
 
 
@@ -195,8 +213,11 @@ def _t3_md(t3: dict) -> list[str]:
   out += _violations_md(t3["reports"])
   out += ["", f"With the alternative estimator ĉ = {_fmt(t3['c_alt'])}: {t3['c_alt_estimator']}:"]
   out += _violations_md(t3["reports_alt_c"])
-  out += ["", "| δ | η | unsupported rate | bound |", "|---|---|---|---|"]
+  out += ["", "| δ | η | unsupported rate | bound | realised miss share | unsupported where "
+          "the evidence is present |", "|---|---|---|---|---|---|"]
   for label, rep in t3["reports"].items():
-    out += [f"| {label} | {eta:g} | {_fmt(r)} | {_f(b, '.3f')} |"
-            for eta, r, b in zip(rep["etas"], rep["rates"], rep["bound"])]
+    split = t3.get("split", {}).get(label) or [{}] * len(rep["etas"])
+    out += [f"| {label} | {eta:g} | {_fmt(r)} | {_f(b, '.3f')} | {_f(x.get('miss_share'))} | "
+            f"{_fmt(x.get('present_unsupported'))} |"
+            for eta, r, b, x in zip(rep["etas"], rep["rates"], rep["bound"], split)]
   return out

@@ -22,9 +22,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from ceu_jax import io
+from ceu_jax import claims, io
 from ceu_jax.metrics.resampling import Aggregate, fmt_ci
-from ceu_jax.theory import (adversary, bounds_plots, lower_bound, measure, plots,
+from ceu_jax.theory import (adversary, bounds_plots, lower_bound, measure, plots, stats,
                             two_channel, upper_bound)
 from ceu_jax.theory import bounds_report as report
 
@@ -123,7 +123,26 @@ def run_t2(config, models, base_rows, log: Log) -> dict:
         f"{int(res['forwards'].sum())} batched forwards)")
   summary = lower_bound.t2_summary(points, n_resamples=int(config.eval.num_resamples),
                                    seed=int(config.seed))
-  return {"points": points, "attacks": attacks, "summary": summary}
+  return {"points": points, "attacks": attacks, "summary": summary,
+          "paired": t2_paired(config, points, attacks, base_rows)}
+
+
+def t2_paired(config, points, attacks, base_rows) -> dict:
+  """Paired per-item accuracy-drop difference, lowest − highest mean CEU_ev model, on
+  the evidence-present attacked items they share (the T2 verdict's dependence part)."""
+  if len(points) < 2:
+    return {}
+  order = sorted(points, key=lambda p: p.one_minus_ceu.floats()[0])
+  high, low = order[0].name, order[-1].name          # highest / lowest mean CEU_ev
+  n = int(config.t2.num_examples)
+  sup = (np.asarray(base_rows[low]["has_evidence"][:n], bool)
+         & np.asarray(base_rows[high]["has_evidence"][:n], bool))
+  drop = {name: (np.asarray(attacks[name]["clean_correct"], np.float64)
+                 - np.asarray(attacks[name]["adv_correct"], np.float64))[sup]
+          for name in (low, high)}
+  diff = claims.paired("accuracy drop", [("run", drop[low], drop[high])],
+                       seed=int(config.seed), num_resamples=int(config.eval.num_resamples))
+  return {"low": low, "high": high, "diff": diff.per_seed[0].diff}
 
 
 # --------------------------------------------------------------- T3
@@ -191,6 +210,12 @@ def run_t3(config, tm, log: Log) -> dict:
   tau, base = float(r.tau), float(r.base_delta)
   rates = {d: upper_bound.rate_by_eta([_unsupported(x, tau) for x in rows], **boot)
            for d, rows in by_delta.items()}
+  # The rate split in two: the realised miss share (the bound's η) and the unsupported
+  # rate where the evidence is present (the bound's exp(−c α γ) term).
+  split = {d: [{"miss_share": float(1.0 - np.mean(x["has_evidence"])),
+                "present_unsupported": stats.rate_estimate(
+                    _unsupported(x, tau), np.asarray(x["has_evidence"], bool), **boot)}
+               for x in rows] for d, rows in by_delta.items()}
   alphas, gammas = {}, {}
   for d, rows in by_delta.items():
     present = _cat(rows, "has_evidence")
@@ -207,7 +232,7 @@ def run_t3(config, tm, log: Log) -> dict:
   alt = upper_bound.t3_reports_by_delta(r.etas, rates, alpha, gammas, c_alt)
   return {"model": tm.name, "rates": rates, "alpha": alpha, "alphas": alphas,
           "gammas": gammas, "c": c, "c_alt": c_alt, "reports": reports,
-          "reports_alt": alt, "heldout_rows": held, "by_delta": by_delta}
+          "reports_alt": alt, "heldout_rows": held, "by_delta": by_delta, "split": split}
 
 
 # --------------------------------------------------------------- driver

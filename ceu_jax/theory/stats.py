@@ -62,3 +62,31 @@ def rate_estimate(
   """Share of True events over mask, with a percentile-bootstrap CI."""
   return mean_estimate(as_bool_array(events).astype(np.float64), mask,
                        n_resamples=n_resamples, level=level, seed=seed)
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+  """Spearman rank correlation of each row pair of [R, n] arrays (NaN when constant)."""
+  from scipy import stats as sps  # pylint: disable=import-outside-toplevel
+  rx, ry = sps.rankdata(x, axis=-1), sps.rankdata(y, axis=-1)
+  rx, ry = rx - rx.mean(-1, keepdims=True), ry - ry.mean(-1, keepdims=True)
+  den = np.sqrt((rx * rx).sum(-1) * (ry * ry).sum(-1))
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.where(den > 0, (rx * ry).sum(-1) / den, np.nan)
+
+
+def spearman_estimate(
+    x,
+    y,
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> Aggregate:
+  """Spearman correlation of paired (x, y) over their finite pairs, with a
+  percentile-bootstrap CI (pairs resampled jointly); non-finite pairs are counted
+  in n_excluded."""
+  x, y = as_float_array(x).reshape(-1), as_float_array(y).reshape(-1)
+  keep = np.isfinite(x) & np.isfinite(y)
+  est = resampling.bootstrap(_spearman_rows, x[keep], y[keep], num_resamples=n_resamples,
+                             seed=seed, level=level, strict=False)
+  return dataclasses.replace(est, n_excluded=int((~keep).sum()))
