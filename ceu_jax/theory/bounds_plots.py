@@ -110,7 +110,7 @@ def plot_t3_bounds(
   ax.set_ylabel("Pr[unsupported output] (fraction)")
   ax.set_ylim(0, 1.05)
   ax.set_title(title)
-  ax.legend(loc="lower right", fontsize="x-small")
+  ax.legend(loc="upper left", fontsize="x-small")   # the rates stay below ~0.7
   _gamma_panel(ax_g, gammas, alphas)
   fig.text(0.01, 0.005, caption, fontsize="small", wrap=True, va="bottom")
   fig.get_layout_engine().set(rect=(0, 0.07, 1, 0.93))

@@ -50,7 +50,7 @@ def t3_caption(config, t3: dict) -> str:
   return (f"Bound η + (1 − η)·exp(−ĉ α̂ γ̂(δ)); α̂ = mean CEU_ev on evidence-present examples "
           f"at δ={float(config.t3.base_delta):g}: {_fmt(a, with_n=True)}; "
           f"ĉ: {_fmt(c, with_n=True)}. "
-          + c_statement(config, str(config.t3.c_method)) + ". Red × = violation.")
+          + c_statement(config, str(config.t3.c_method)) + ". Red × = significant violation (CI above the bound), red ○ = rate above the bound within its CI.")
 
 
 def _fmt(e: Aggregate | dict | None, pct: bool = False, with_n: bool = False) -> str:

@@ -184,7 +184,11 @@ def t3_curves(ax, rep: T3Report, label: str, color: str) -> None:
          f"ĉ={fmt_ci(rep.c, 2, missing='nan')}")
   ax.plot(rep.etas, np.minimum(rep.bound, 1.0), "--", color=color,
           label=f"{prefix}bound ({est})")
-  if rep.violations:
-    ax.plot([v.eta for v in rep.violations], [v.rate for v in rep.violations],
-            "x", color="red", ms=10, mew=2,
-            label=f"{prefix}violations ({len(rep.violations)})")
+  # Red x: a significant violation (the rate's whole CI above the bound, what the T3
+  # verdict counts); open red circle: the point estimate above the bound, CI across it.
+  for significant, marker, kind in ((True, "x", "significant violations"),
+                                    (False, "o", "above the bound within CI")):
+    vs = [v for v in rep.violations if v.significant == significant]
+    if vs:
+      ax.plot([v.eta for v in vs], [v.rate for v in vs], marker, color="red", ms=10,
+              mew=2, mfc="none", label=f"{prefix}{kind} ({len(vs)})")
