@@ -72,19 +72,18 @@ ATR_CONFIGS = {
 # What `fast_compile` adds to most optimisations off: XLA's CPU loop emitters instead of its
 # fusion emitters, and codegen in one piece (a CER loss-and-gradients program: 8.0 -> 3.7
 # CPU-s to compile, bit-identical values and gradients; the subprocess flags in
-# tests/test_multiprocess_helpers.py are the same). They change float rounding in some
-# programs, so a module whose fast-vs-reference comparison needs the default emitters
-# keeps them (`fast_compile(loop_emitters=False)`); no tolerance is widened for them.
+# tests/test_multiprocess_helpers.py are the same). Like most optimisations off, they may
+# change float rounding: such tests compare computations with each other, never a number a
+# user sees, and every tolerance stays as it was.
 FAST_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
                         "xla_cpu_parallel_codegen_split_count": 1}
-_loop_emitters = [True]
 
 
 def _with_fast_compile_options(get_compile_options):
   """jax's compile-options builder with FAST_COMPILE_OPTIONS added while most
   optimisations are off (test-only: jax has no public default for compiler options)."""
   def wrapped(*args, env_options_overrides=None, **kwargs):
-    if jax.config.read("jax_disable_most_optimizations") and _loop_emitters[0]:
+    if jax.config.read("jax_disable_most_optimizations"):
       env_options_overrides = {**FAST_COMPILE_OPTIONS, **dict(env_options_overrides or {})}
     return get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
   return wrapped
@@ -96,17 +95,15 @@ _jax_compiler.get_compile_options = _with_fast_compile_options(
 
 
 @contextlib.contextmanager
-def fast_compile(loop_emitters: bool = True) -> Iterator[None]:
-  """Compile with most XLA optimisations off (and FAST_COMPILE_OPTIONS unless
-  loop_emitters=False): the data tests are compile-bound."""
-  old = jax.config.read("jax_disable_most_optimizations"), _loop_emitters[0]
+def fast_compile() -> Iterator[None]:
+  """Compile with most XLA optimisations off, plus FAST_COMPILE_OPTIONS: for compile-bound
+  tests."""
+  old = jax.config.read("jax_disable_most_optimizations")
   jax.config.update("jax_disable_most_optimizations", True)
-  _loop_emitters[0] = loop_emitters
   try:
     yield
   finally:
-    jax.config.update("jax_disable_most_optimizations", old[0])
-    _loop_emitters[0] = old[1]
+    jax.config.update("jax_disable_most_optimizations", old)
 
 
 @pytest.fixture
