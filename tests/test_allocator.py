@@ -19,21 +19,24 @@ f = jax.jit(lambda x: jnp.cumsum(x * 2.0, axis=0)[-1])   # 128 MiB of temporarie
 x = jnp.ones((4096, 4096), jnp.float32)
 for _ in range(20):   # the kept heap grows over the first calls
   f(x).block_until_ready()
-r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
 for _ in range(10):
+  r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   f(x).block_until_ready()
-print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 10)
+  faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+print(applied, *faults)
 """
 
 
-def _faults(env_value: str | None) -> tuple[str, float]:
+def _faults(env_value: str | None) -> tuple[str, list[int]]:
+  """(whether the setting was applied, page faults of each of 10 calls)."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   env.pop("CEU_JAX_MALLOC", None)
   if env_value is not None:
     env["CEU_JAX_MALLOC"] = env_value
   out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, check=True,
                        capture_output=True, text=True, timeout=300).stdout.split()
-  return out[0], float(out[1])
+  return out[0], [int(v) for v in out[1:]]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
@@ -41,5 +44,11 @@ def test_kept_memory_stops_the_page_faults_of_every_call():
   applied, tuned = _faults(None)
   skipped, default = _faults("default")
   assert (applied, skipped) == ("True", "False")
-  assert default > 16000         # the temporaries faulted in again: ~32k pages per call
-  assert tuned < default / 20, (tuned, default)
+  # Default: every call faults its temporaries in again (~32k pages per call).
+  assert min(default) > 16000, default
+  # Kept memory: the typical call faults < 1/20 of that. A call that runs on an XLA thread
+  # whose glibc arena has not held the temporaries yet faults them in once (seen under
+  # load: 1 call of 10 with 32,768 faults, the others ~0), so at most 2 of the 10 may.
+  per_call = sorted(default)[len(default) // 2]
+  assert sorted(tuned)[len(tuned) // 2] < per_call / 20, (tuned, default)
+  assert sum(t > per_call / 2 for t in tuned) <= 2, (tuned, default)
