@@ -46,9 +46,9 @@ def test_kept_memory_stops_the_page_faults_of_every_call():
   assert (applied, skipped) == ("True", "False")
   # Default: every call faults its temporaries in again (~32k pages per call).
   assert min(default) > 16000, default
-  # Kept memory: the typical call faults < 1/20 of that. A call that runs on an XLA thread
-  # whose glibc arena has not held the temporaries yet faults them in once (seen under
-  # load: 1 call of 10 with 32,768 faults, the others ~0), so at most 2 of the 10 may.
+  # Kept memory: the typical call faults < 1/20 of that. Under load one call of 10 was seen
+  # faulting all 32,768 pages once, the others ~0 (likely a glibc arena new to the XLA
+  # thread it ran on; not verified), so at most 2 of the 10 may.
   per_call = sorted(default)[len(default) // 2]
   assert sorted(tuned)[len(tuned) // 2] < per_call / 20, (tuned, default)
   assert sum(t > per_call / 2 for t in tuned) <= 2, (tuned, default)
