@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ceu_jax import io, progress
+from ceu_jax import code_version, io, progress
 from ceu_jax import workdir as workdir_lib
 
 JOB_FILE = "job.json"          # W/job.json: {"job": name, "config": {...}}
@@ -264,7 +264,7 @@ def _agree(done: list[bool]) -> list[bool]:
 
 def versions() -> dict:
   """Versions of what produced a result (recorded in summary.json)."""
-  out = {"python": sys.version.split()[0]}
+  out = {"python": sys.version.split()[0], "code": code_version.code_version()}
   for name in ("jax", "flax", "numpy"):
     mod = sys.modules.get(name)
     if mod is not None:

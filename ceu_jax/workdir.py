@@ -26,7 +26,7 @@ import os
 import shutil
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ceu_jax import io, locks
+from ceu_jax import code_version, io, locks
 
 # Dotted config fields (a field also covers its sub-fields: 'model.overrides' covers
 # 'model.overrides.embed_dim').
@@ -273,10 +273,11 @@ def resolve_config(config: Any, workdir: str, *, use_workdir_config: bool = Fals
 
 # ---------------------------------------------------------------- history
 def record_event(workdir: str, event: str, **fields) -> dict:
-  """Append {event, time, host, pid, cmd, **fields} to W/provenance.json's history."""
+  """Append {event, time, host, pid, cmd, code, **fields} to W/provenance.json's history
+  (code: `code_version.code_version()`, the version and git commit that ran)."""
   path = os.path.join(workdir, PROVENANCE_FILE)
   doc = io.read_json(path) if os.path.exists(path) else {"history": []}
-  entry = dict(event=event, **locks.who(), **fields)
+  entry = dict(event=event, **locks.who(), code=code_version.code_version(), **fields)
   doc["history"].append(json.loads(json.dumps(entry, default=str)))
   io.write_json_atomic(path, doc)
   return entry

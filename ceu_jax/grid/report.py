@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from ceu_jax import io, plotting
+from ceu_jax import code_version, io, plotting
 from ceu_jax.grid import aggregate
 from ceu_jax.grid.aggregate import number
 from ceu_jax.metrics.resampling import fmt_ci
@@ -475,6 +475,18 @@ def claims_section(workdir: str, rows: Sequence[dict], results: Sequence[dict]) 
   return md
 
 
+def code_lines(results: Sequence[dict]) -> list[str]:
+  """The code that produced the cells (result.json's `code`): one line if all agree,
+  else a warning with each version and its number of cells."""
+  counts = collections.Counter(code_version.describe(r.get("code")) for r in results)
+  if not counts:
+    return []
+  if len(counts) == 1:
+    return [f"Code: {next(iter(counts))} (every cell).", ""]
+  return [f"**The cells come from {len(counts)} code versions** (compare them with care): "
+          + "; ".join(f"{d} ({n} cells)" for d, n in counts.most_common()) + ".", ""]
+
+
 def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
                  failures: Sequence[dict], title: str = "CEU experiment grid", *,
                  config=None, other_cells: Sequence[dict] = (),
@@ -513,6 +525,7 @@ def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
            f"{len(rows)} rows in results.csv (one per cell × test condition)"
            + (f", {len(agg)} in results_seeds.csv (one per setting × condition, over seeds)"
               if multi else "") + ".", ""]
+  parts += code_lines(results)
   parts += what_was_run(rows, results, config)
   claims_md = claims_section(workdir, rows, results)
   parts += claims_md

@@ -15,8 +15,8 @@ Layout of a grid workdir W:
 Many hosts sharing W (a filesystem with working flock: local, NFSv4, Lustre
 mounted with -o flock): host i of N runs `--shard i/N`, the cells whose index
 is i mod N, so the shards partition the grid and every cell runs on exactly one
-host; result.json records the host, pid and shard that finished it. A host killed
-mid-cell leaves the cell without result.json and its lock released (by the kernel,
+host; result.json records the host, pid, shard and code (version, git commit) that
+finished it. A host killed mid-cell leaves the cell without result.json and its lock released (by the kernel,
 or by the NFS server when the dead client's lease expires): rerunning the same
 shard, on any host, skips the finished cells and resumes that one from its
 checkpoint. A cell found locked (`busy`) is retried at the end of the pass for
@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 
 import ml_collections
 
-from ceu_jax import io, locks
+from ceu_jax import code_version, io, locks
 from ceu_jax import progress as progress_lib
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.grid import sweep as sweep_lib
@@ -114,7 +114,8 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "
       if on_start is not None:
         on_start()
       io.write_json_atomic(os.path.join(d, "config.json"), cell.config.to_dict())
-      ran_by = dict(host=socket.gethostname(), pid=os.getpid(), shard=shard)
+      ran_by = dict(host=socket.gethostname(), pid=os.getpid(), shard=shard,
+                    code=code_version.code_version())
       start = time.time()
       try:
         out = cell_fn(cell.config, d)

@@ -1,0 +1,112 @@
+"""Every result records the code that produced it (`ceu_jax.code_version`): the version
+and, in a git checkout, the commit and the changed files — checked against git itself
+on throwaway repositories, then where it is written (provenance, summaries, grid cells)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import ceu_jax
+from ceu_jax import code_version as cv
+from ceu_jax import jobs
+from ceu_jax import workdir as wd
+from ceu_jax.grid import report, runner
+
+version = cv.code_version.__wrapped__   # uncached: the tests change the repositories
+
+
+def _git(root, *args) -> str:
+  return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
+                         *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path):
+  root = tmp_path / "checkout"
+  root.mkdir()
+  _git(root, "init", "-q")
+  for i in range(25):
+    (root / f"f{i:02d}.txt").write_text("a\n")
+  _git(root, "add", ".")
+  _git(root, "commit", "-q", "-m", "one")
+  return root
+
+
+def test_a_clean_checkout_gives_its_commit(repo):
+  got = version(str(repo))
+  assert got == dict(ceu_jax=ceu_jax.__version__, commit=_git(repo, "rev-parse", "HEAD"),
+                     dirty=False, changed=[], n_changed=0)
+  assert cv.describe(got) == f"ceu_jax {ceu_jax.__version__} at commit {got['commit'][:12]}"
+
+
+def test_changed_and_untracked_files(repo):
+  (repo / "f03.txt").write_text("b\n")
+  (repo / "new.txt").write_text("not tracked\n")   # untracked files do not make it dirty
+  got = version(str(repo))
+  assert (got["dirty"], got["changed"], got["n_changed"]) == (True, ["f03.txt"], 1)
+  assert cv.describe(got).endswith("(+ 1 changed files)")
+  for i in range(25):
+    (repo / f"f{i:02d}.txt").write_text("c\n")
+  got = version(str(repo))
+  assert got["n_changed"] == 25 and got["changed"] == [f"f{i:02d}.txt" for i in range(20)]
+  _git(repo, "commit", "-q", "-am", "two")
+  again = version(str(repo))
+  assert not again["dirty"] and again["commit"] == _git(repo, "rev-parse", "HEAD")
+  assert again["commit"] != got["commit"]
+
+
+@pytest.mark.parametrize("where", ["inside_another_repo", "no_repo"])
+def test_no_commit_outside_a_checkouts_top(repo, tmp_path, where):
+  """An installed copy inside some other repository (a venv in a user's project) is not
+  that repository's commit; a directory outside any repository has none."""
+  d = repo / "site-packages" if where == "inside_another_repo" else tmp_path / "plain"
+  d.mkdir()
+  assert version(str(d)) == dict(ceu_jax=ceu_jax.__version__, commit=None, dirty=None,
+                                 changed=None, n_changed=None)
+  assert cv.describe(version(str(d))) == f"ceu_jax {ceu_jax.__version__} outside a git checkout"
+
+
+def test_no_git_program(repo, monkeypatch):
+  def missing(*a, **k):
+    raise FileNotFoundError("git")
+  monkeypatch.setattr(cv.subprocess, "run", missing)
+  assert version(str(repo))["commit"] is None
+
+
+def test_this_package_matches_git():
+  root = cv.package_root()
+  got = cv.code_version()
+  if not os.path.isdir(os.path.join(root, ".git")) and not os.path.isfile(
+      os.path.join(root, ".git")):
+    assert got["commit"] is None
+    return
+  assert got["commit"] == _git(root, "rev-parse", "HEAD")
+  changed = _git(root, "status", "--porcelain", "--untracked-files=no")
+  assert got["n_changed"] == len([l for l in changed.splitlines() if l.strip()])
+
+
+def test_written_into_provenance_and_job_summaries(tmp_path):
+  event = wd.record_event(str(tmp_path), "start")
+  assert event["code"] == cv.code_version()
+  assert wd.history(str(tmp_path))[-1]["code"] == json.loads(json.dumps(cv.code_version()))
+  assert jobs.versions()["code"] == cv.code_version()
+
+
+def test_grid_cells_record_it_and_the_report_names_it(tmp_path):
+  from tests.test_grid_driver import base_config, fake_cell
+  runner.run_grid(base_config(), str(tmp_path), fake_cell, log=lambda s: None)
+  results, _ = runner.load_results(str(tmp_path))
+  assert results and all(r["code"] == json.loads(json.dumps(cv.code_version()))
+                         for r in results)
+  assert report.code_lines(results) == [
+      f"Code: {cv.describe(cv.code_version())} (every cell).", ""]
+  a = dict(ceu_jax="0.1.0", commit="a" * 40, dirty=False, n_changed=0)
+  b = dict(a, commit="b" * 40, dirty=True, n_changed=3)
+  mixed = report.code_lines([{"code": a}, {"code": b}, {"code": a}, {}])
+  assert mixed[0] == ("**The cells come from 3 code versions** (compare them with care): "
+                      f"ceu_jax 0.1.0 at commit {'a' * 12} (2 cells); "
+                      f"ceu_jax 0.1.0 at commit {'b' * 12} (+ 3 changed files) (1 cells); "
+                      "unrecorded code (1 cells).")
