@@ -77,6 +77,8 @@ def test_run_bounds_micro_smoke(tmp_path):
     experiment.run_bounds(config, workdir, log=logs.append)
   assert sum("trained, skipped" in line for line in logs) == len(config.models)
   assert json.load(open(os.path.join(workdir, "bounds.json")))["models"] == res["models"]
+  from ceu_jax import code_version  # pylint: disable=g-import-not-at-top
+  assert res["versions"]["code"] == code_version.code_version()  # what produced it
 
 
 @pytest.mark.parametrize("variant", bounds_config.VARIANTS)

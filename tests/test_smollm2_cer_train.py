@@ -115,6 +115,8 @@ def test_held_out_evaluation_smoke(ref):
   with open(os.path.join(out, 'summary.json')) as f:
     s = json.load(f)
   assert (s['n'], s['step'], s['read_layer']) == (8, STEPS, 1)
+  from ceu_jax import code_version  # pylint: disable=g-import-not-at-top
+  assert s['versions']['code']['commit'] == code_version.code_version()['commit']
   rows, robust = [], []
   for name in sorted(os.listdir(os.path.join(out, 'batches'))):
     with open(os.path.join(out, 'batches', name)) as f:

@@ -33,7 +33,7 @@ import numpy as np
 
 import jax
 
-from ceu_jax import audit_config, io
+from ceu_jax import audit_config, io, jobs
 from ceu_jax.engine.probes import DIS, EV, SPAN_PROBES
 from ceu_jax.finetune import paired
 from ceu_jax.finetune import task as cer_task
@@ -107,7 +107,7 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
   summary = summarize(rows, task.model_config.n_layers, c)
   summary['delta_test'] = {d: _robust_summary(r, c) for d, r in robust.items()}
   summary.update(step=step, trained=trained, pairs=report, wall_s=time.time() - t0,
-                 read_layer=int(c.model.read_layer))
+                 read_layer=int(c.model.read_layer), versions=jobs.versions())
   io.write_json_atomic(os.path.join(out_dir, 'summary.json'), summary)
   audit_nq.plot_profile(summary['profile'], SPAN_PROBES,
                         os.path.join(out_dir, 'plots', 'layer_profile'))

@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from ceu_jax import claims, io
+from ceu_jax import claims, io, jobs
 from ceu_jax.metrics.resampling import Aggregate, fmt_ci
 from ceu_jax.theory import (adversary, bounds_plots, lower_bound, measure, plots, stats,
                             two_channel, upper_bound)
@@ -272,6 +272,7 @@ def run_bounds(config, workdir: str, *, log: Log = print) -> dict:
   t3 = run_t3(config, models[str(config.t3.model)], log)
   paths = _plots(config, workdir, t1, t2, t3)
   result = report.to_json(config, base_rows, t1, t2, t3, paths, time.time() - tic)
+  result["versions"] = jobs.versions()   # the code (version, git commit) and libraries
   io.write_json_atomic(os.path.join(workdir, "bounds.json"), result)
   io.write_text_atomic(os.path.join(workdir, "bounds.md"), report.markdown(config, result))
   log(f"[bounds] wrote {workdir}/bounds.md, bounds.json and plots/ "
