@@ -28,6 +28,17 @@ def test_oracle_world_end_to_end_and_resume(tmp_path):
     assert st[k]['delta']['value'] == 0.0
   assert st['gold_computer']['cons_CNF']['value'] == 0.0
   assert st['gold_computer']['cons_COR']['value'] == 1.0
+  # The headline by rule (ceu_jax.audits.mediator.verdicts): each oracle's verdict is known.
+  v = {x['name']: x['verdict'] for x in s['claims']}
+  for t in ('', ' +tool'):
+    assert v[f'follower{t}: gap'] == 'not supported'          # Δ = 0 exactly
+    assert v[f'gold_computer{t}: gap'] == 'supported'         # its Y bypasses M̂
+    assert v[f'gold_computer{t}: asymmetry'] == 'opposite'    # COR 1, CNF 0 by construction
+    assert v[f'constant{t}: asymmetry'] == 'untested'         # its CNF cell is too small
+    assert v[f'gold_computer vs follower{t}: separates'] == 'supported'
+  assert v['follower +tool: tool closes the gap'] == 'supported'
+  assert 'follower: tool closes the gap' not in v             # tool settings only
+  assert '| gold_computer vs follower: separates |' in open(os.path.join(wd, 'report.md')).read()
   for f in ('rows.csv', 'summary.json', 'report.md', 'cor_cnf.png', 'fid_fstrong.png'):
     assert os.path.exists(os.path.join(wd, f)), f
   with open(os.path.join(wd, 'rows.csv')) as f:

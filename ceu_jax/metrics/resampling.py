@@ -235,3 +235,22 @@ def _as_float_1d(values: np.ndarray) -> np.ndarray:
   if values.ndim != 1:
     raise ValueError(f"expected a 1-D array, got shape {values.shape}")
   return values
+
+
+def unpaired_difference_ci(a: np.ndarray, b: np.ndarray, *,
+                           num_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
+                           level: float = DEFAULT_LEVEL) -> Aggregate:
+  """mean(a) − mean(b) of two independent samples (different items, e.g. the COR and CNF
+  cells of an audit): each resampled on its own (a with `seed`, b with `seed` + 1),
+  percentile CI of the resampled differences; n = len(a) + len(b). EMPTY if either is
+  empty."""
+  a, b = _as_float_1d(a), _as_float_1d(b)
+  if a.size == 0 or b.size == 0:
+    return EMPTY
+  ma = np.concatenate([a[idx].mean(axis=1)
+                       for idx in _resample_chunks(a.size, num_resamples, seed)])
+  mb = np.concatenate([b[idx].mean(axis=1)
+                       for idx in _resample_chunks(b.size, num_resamples, seed + 1)])
+  alpha = (1.0 - level) / 2.0
+  low, high = np.quantile(ma - mb, [alpha, 1.0 - alpha])
+  return Aggregate(_finite(a.mean() - b.mean()), _finite(low), _finite(high), a.size + b.size)

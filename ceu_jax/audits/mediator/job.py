@@ -9,20 +9,23 @@ runs on the one job contract (`ceu_jax.jobs.run_job`: the workdir lock, the conf
 check against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
   rows.csv      one row per (setting, item): M̂, Ŷ, kind, M*, Ŷ*, consistency, parse failures
                 and their reasons, stop reasons, the raw output and continuation
-  summary.json  per setting: F_ID, F_Strong, Δ, COR / CNF consistency (CIs), counts, skips
+  summary.json  per setting: F_ID, F_Strong, Δ, COR / CNF consistency (CIs), counts, skips;
+                `claims`: the headline decided by rule (`verdicts`: 003's gap, asymmetry and
+                tool residual per setting; shortcut vs faithful reader, paired)
   report.md     the table and the figures
   cor_cnf.png/pdf, fid_fstrong.png/pdf
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io as _io
 from typing import Callable
 
-from ceu_jax import jobs
+from ceu_jax import claims, jobs
 from ceu_jax.audits.mediator import audit as md
 from ceu_jax.audits.mediator import plots as mediator_plots
-from ceu_jax.audits.mediator import worlds
+from ceu_jax.audits.mediator import verdicts, worlds
 from ceu_jax.metrics.resampling import fmt_ci
 
 ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold', 'm_hat', 'y_hat',
@@ -74,6 +77,10 @@ class MediatorJob(jobs.Job):
     if c.world == 'atr' and c.atr.probe_items > 0:
       for name, tool in self.settings:
         summary['settings'][worlds.setting(name, tool)]['probe'] = self.world.probe(name, tool)
+    rows = {worlds.setting(*s): rs for s, rs in self._rows(results).items()}
+    found = verdicts.run_claims(summary['settings'], rows, self.world.contrasts(c.tools),
+                                seed=c.bootstrap_seed, min_cell=c.min_cell)
+    summary['claims'] = [dataclasses.asdict(x) for x in found]
     return summary
 
   def write(self, ctx, results, summary):
@@ -111,7 +118,8 @@ def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> N
           f'consistency = 1[C(M*) = Ŷ*] within each cell (absent under {config.min_cell} items). '
           '"Δ own M̂": the gap when the tool runs on the reader\'s own M̂ (M* after the '
           'intervention) whenever its call parses (003 §6.1), beside Δ with the argument as written.',
-          '', md.table(cells)]
+          '', md.table(cells), '', '## Headline, decided by rule', '',
+          claims.table([claims.Claim(**x) for x in summary['claims']])]
   if any('probe' in v for v in st.values()):
     text += ['', '## §8.4 companion: decision-position probe with M held fixed', '',
              'D− = every evidence verdict / VALUE swapped (the gold M changes), the answer '

@@ -1,0 +1,80 @@
+"""The mediator audit's claims by rule (`ceu_jax.audits.mediator.verdicts`) on hand-made
+rows whose verdicts are known, and the unpaired CI they use against a Python loop."""
+import numpy as np
+import pytest
+
+from ceu_jax.audits.mediator import audit as md
+from ceu_jax.audits.mediator import verdicts
+from ceu_jax.metrics import resampling
+
+
+def test_unpaired_ci_equals_a_python_loop():
+  rng = np.random.default_rng(0)
+  a, b = rng.random(37), rng.random(23) + 0.2
+  got = resampling.unpaired_difference_ci(a, b, num_resamples=500, seed=7)
+  ra, rb = np.random.default_rng(7), np.random.default_rng(8)
+  diffs = []
+  ia, ib = ra.integers(0, a.size, size=(500, a.size)), rb.integers(0, b.size, size=(500, b.size))
+  for i in range(500):
+    diffs.append(np.mean([a[j] for j in ia[i]]) - np.mean([b[j] for j in ib[i]]))
+  lo, hi = np.quantile(diffs, [0.025, 0.975])
+  assert got.value == pytest.approx(a.mean() - b.mean(), abs=1e-12)
+  assert (got.ci_low, got.ci_high, got.n) == (pytest.approx(lo, abs=1e-12),
+                                              pytest.approx(hi, abs=1e-12), 60)
+  assert resampling.unpaired_difference_ci(a, np.array([])) is resampling.EMPTY
+
+
+def _rows(kinds, star, consistent=None, strong=None, ids=None):
+  n = len(kinds)
+  ids = ids or [f'x{i}' for i in range(n)]
+  consistent = consistent if consistent is not None else [1] * n
+  strong = strong if strong is not None else [c and s for c, s in zip(consistent, star)]
+  return [dict(id=i, kind=k, consistent_star=s, consistent=c, strong=t)
+          for i, k, s, c, t in zip(ids, kinds, star, consistent, strong)]
+
+
+@pytest.mark.parametrize('cnf,cor,verdict', [
+    (1.0, 0.0, 'supported'), (0.0, 1.0, 'opposite'), (0.5, 0.5, 'not supported')])
+def test_asymmetry_each_way(cnf, cor, verdict):
+  n = 40
+  star = [1 if i < cnf * n else 0 for i in range(n)] + [1 if i < cor * n else 0 for i in range(n)]
+  rows = _rows([md.CNF] * n + [md.COR] * n, star)
+  agg = verdicts.asymmetry(rows, seed=0, min_cell=10)
+  assert agg.value == pytest.approx(cnf - cor)
+  claim = verdicts._unpaired_claim('s: asymmetry', '', agg, +1, 'CNF − COR')
+  assert claim.verdict == verdict and claim.rule == verdicts.UNPAIRED_RULE
+
+
+def test_asymmetry_untested_below_min_cell():
+  rows = _rows([md.CNF] * 9 + [md.COR] * 30, [1] * 39)
+  assert verdicts.asymmetry(rows, seed=0, min_cell=10) is None
+  assert verdicts.asymmetry(rows, seed=0, min_cell=9) is not None
+  claim = verdicts._unpaired_claim('s: asymmetry', '', None, +1, 'CNF − COR')
+  assert claim.verdict == 'untested'
+
+
+def test_separation_pairs_only_shared_items_and_skips():
+  """Shortcut: gap 1 on x0..x19; faithful: gap 0. A skipped row and items only one
+  setting audited are left out, so the paired difference is 1 on 20 items."""
+  short = _rows([md.COR] * 20 + [md.SKIP], [0] * 21, strong=[0] * 21,
+                ids=[f'x{i}' for i in range(21)])
+  faith = _rows([md.COR] * 25, [1] * 25, ids=[f'x{i}' for i in range(25)])
+  c = verdicts.separation_claim('fam', short, faith, seed=0)
+  assert c.verdict == 'supported' and 'n=20' in c.numbers and '+1.000' in c.numbers
+  same = verdicts.separation_claim('fam', faith, faith, seed=0)
+  assert same.verdict == 'not supported'
+  assert verdicts.separation_claim('fam', faith, short, seed=0).verdict == 'opposite'
+
+
+def test_contrasts_pair_each_familys_shortcut_with_its_faithful_reader():
+  from ceu_jax.audits.mediator import worlds
+  from configs import mediator as mediator_config
+  c = mediator_config.get_config('tiny,families=attention+ssm,regimes=faithful+shortcut+plain')
+  assert worlds.make_world(c).contrasts((False, True)) == [
+      ('attention/shortcut vs faithful', 'attention/shortcut', 'attention/faithful'),
+      ('attention/shortcut vs faithful +tool', 'attention/shortcut +tool',
+       'attention/faithful +tool'),
+      ('ssm/shortcut vs faithful', 'ssm/shortcut', 'ssm/faithful'),
+      ('ssm/shortcut vs faithful +tool', 'ssm/shortcut +tool', 'ssm/faithful +tool')]
+  c = mediator_config.get_config('tiny,regimes=faithful+plain')
+  assert worlds.make_world(c).contrasts((False,)) == []
