@@ -237,20 +237,30 @@ def _as_float_1d(values: np.ndarray) -> np.ndarray:
   return values
 
 
-def unpaired_difference_ci(a: np.ndarray, b: np.ndarray, *,
-                           num_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
-                           level: float = DEFAULT_LEVEL) -> Aggregate:
-  """mean(a) − mean(b) of two independent samples (different items, e.g. the COR and CNF
-  cells of an audit): each resampled on its own (a with `seed`, b with `seed` + 1),
-  percentile CI of the resampled differences; n = len(a) + len(b). EMPTY if either is
-  empty."""
-  a, b = _as_float_1d(a), _as_float_1d(b)
-  if a.size == 0 or b.size == 0:
+def unpaired_bootstrap(statistic: VectorStatistic, a: tuple, b: tuple, *,
+                       num_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
+                       level: float = DEFAULT_LEVEL) -> Aggregate:
+  """statistic(*a) − statistic(*b) of two independent samples (different items, e.g. the
+  COR and CNF cells of an audit, or two domains' items): a's aligned arrays resampled
+  with `seed`, b's with `seed` + 1, each on its own; percentile CI of the resampled
+  differences; n = len(a) + len(b) (items). EMPTY if either is empty. `statistic` maps
+  arrays [R, n] to [R], as in `bootstrap`."""
+  a = tuple(np.asarray(x, np.float64) for x in a)
+  b = tuple(np.asarray(x, np.float64) for x in b)
+  na, nb = _check_samples(a), _check_samples(b)
+  if na == 0 or nb == 0:
     return EMPTY
-  ma = np.concatenate([a[idx].mean(axis=1)
-                       for idx in _resample_chunks(a.size, num_resamples, seed)])
-  mb = np.concatenate([b[idx].mean(axis=1)
-                       for idx in _resample_chunks(b.size, num_resamples, seed + 1)])
+  def resampled(xs, n, s):
+    return np.concatenate([np.asarray(statistic(*(x[idx] for x in xs)), np.float64)
+                           for idx in _resample_chunks(n, num_resamples, s)])
+  diffs = resampled(a, na, seed) - resampled(b, nb, seed + 1)
   alpha = (1.0 - level) / 2.0
-  low, high = np.quantile(ma - mb, [alpha, 1.0 - alpha])
-  return Aggregate(_finite(a.mean() - b.mean()), _finite(low), _finite(high), a.size + b.size)
+  low, high = np.quantile(diffs, [alpha, 1.0 - alpha])
+  value = (np.asarray(statistic(*(x[None] for x in a)))[0]
+           - np.asarray(statistic(*(x[None] for x in b)))[0])
+  return Aggregate(_finite(value), _finite(low), _finite(high), na + nb)
+
+
+def unpaired_difference_ci(a: np.ndarray, b: np.ndarray, **kwargs) -> Aggregate:
+  """mean(a) − mean(b) of two independent samples (`unpaired_bootstrap`)."""
+  return unpaired_bootstrap(_mean, (_as_float_1d(a),), (_as_float_1d(b),), **kwargs)

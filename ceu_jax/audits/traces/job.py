@@ -13,13 +13,16 @@ against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
   summary.json   per reader: parse failures, identity check, φ / ρ / follow rate
                  overall and by domain, τ, k, trace length, domain × τ (bootstrap CIs),
                  regeneration parse failures, undefined interventions and Strength
-                 unknown by reason; the τ each domain defines
+                 unknown by reason; the τ each domain defines; `claims`: the headline
+                 decided by rule (`verdicts`: follow rate > 0.5 per reader; 002's
+                 ρ(arithmetic) < ρ(factual) where a reader did both)
   report.md      the φ / ρ / follow table by domain × τ, by trace length, by k, the plot
   rho_by_length.png/pdf   ρ against trace length (one line per reader × domain)
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io as _io
 import json
 import time
@@ -28,10 +31,10 @@ from typing import Callable, Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ceu_jax import jobs, plotting
+from ceu_jax import claims, jobs, plotting
 from ceu_jax.audits.traces import audit as ts
 from ceu_jax.audits.traces import summary as tsum
-from ceu_jax.audits.traces import worlds
+from ceu_jax.audits.traces import verdicts, worlds
 
 ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'parse_failure',
                'applied', 'undefined', 'answer', 'answer_after', 'regen_parsed', 'regen_failure',
@@ -92,6 +95,9 @@ class TraceSensitivityJob(jobs.Job):
                             for r, ps in parts.items()},
                    reader_wall_s={r: round(sum(p['wall_s'] for p in ps), 1)
                                   for r, ps in parts.items()})
+    rows = {r: [x for p in ps for x in p['rows']] for r, ps in parts.items()}
+    summary['claims'] = [dataclasses.asdict(x) for x in verdicts.run_claims(
+        summary['readers'], rows, seed=int(c.bootstrap_seed))]
     if hasattr(world, 'probes'):  # World A: trained readers' answer probe, accuracy / consistency
       summary['probes'] = world.probes(c)
       summary['reader_stats'] = world.reader_stats(
@@ -182,6 +188,8 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
         f'{config.bootstrap_seed}). Offline there is no LLM judge: S is exact match '
         '(tokens) or SQuAD token F1 (text). Interventions each domain defines: '
         + '; '.join(f"{d}: {', '.join(t)}" for d, t in summary['taus_defined'].items()) + '.']
+  md += ['', '## Headline, decided by rule', '',
+         claims.table([claims.Claim(**x) for x in summary['claims']])]
   if 'reader_stats' in summary:
     md += ['', '## Overview (World A)', '', overview_table(summary)]
   if summary.get('probes'):

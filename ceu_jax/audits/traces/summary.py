@@ -22,7 +22,9 @@ from ceu_jax.audits.traces.audit import BREAKDOWNS, CI_SEED, EDIT_TAUS, IDENTITY
 from ceu_jax.metrics.resampling import bootstrap, fmt_ci
 
 
-def _ratio(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def ratio_of_sums(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+  """Σ sums / Σ counts over items, per resample ([R, n] -> [R]): a mean over rows whose
+  rows of one item are resampled together."""
   return sums.sum(axis=1) / counts.sum(axis=1)
 
 
@@ -30,18 +32,24 @@ def _hashable(x: Any) -> Any:
   return tuple(x) if isinstance(x, list) else x
 
 
-def _agg(rows: Sequence[dict], value, seed: int) -> dict:
-  """Mean of value(row) over rows, CI from a bootstrap over items (rows of one item move
-  together: they share the item's trace and reader state), as an Aggregate dict."""
+def item_sums(rows: Sequence[dict], value) -> tuple[np.ndarray, np.ndarray]:
+  """(Σ value(row), number of rows) per item (rows grouped by item id, first-seen order)."""
   sums, counts = collections.defaultdict(float), collections.defaultdict(int)
   for x in rows:
     key = _hashable(x['id'])
     sums[key] += float(value(x))
     counts[key] += 1
   keys = list(sums)
-  agg = bootstrap(_ratio, np.asarray([sums[k] for k in keys], np.float64),
-                  np.asarray([counts[k] for k in keys], np.float64), seed=seed)
-  return dict(agg.to_dict(), n=len(rows), n_items=len(keys))
+  return (np.asarray([sums[k] for k in keys], np.float64),
+          np.asarray([counts[k] for k in keys], np.float64))
+
+
+def _agg(rows: Sequence[dict], value, seed: int) -> dict:
+  """Mean of value(row) over rows, CI from a bootstrap over items (rows of one item move
+  together: they share the item's trace and reader state), as an Aggregate dict."""
+  sums, counts = item_sums(rows, value)
+  agg = bootstrap(ratio_of_sums, sums, counts, seed=seed)
+  return dict(agg.to_dict(), n=len(rows), n_items=len(sums))
 
 
 def cell(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
