@@ -1,4 +1,5 @@
 """Mediator job (issue #18): oracle world end to end, resume, config check; tiny World A; §8.4 probe."""
+import dataclasses
 import os
 
 import jax
@@ -9,6 +10,7 @@ import pytest
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.audits.mediator import job as mediator_job
 from ceu_jax.audits.mediator import probe as mediator_probe
+from ceu_jax.audits.mediator import verdicts
 from ceu_jax.data import checklist
 from configs import mediator as mediator_config
 
@@ -39,6 +41,8 @@ def test_oracle_world_end_to_end_and_resume(tmp_path):
   assert v['follower +tool: tool closes the gap'] == 'supported'
   assert 'follower: tool closes the gap' not in v             # tool settings only
   assert '| gold_computer vs follower: separates |' in open(os.path.join(wd, 'report.md')).read()
+  # A finished run judged again from its files (rows.csv, summary.json): the same claims.
+  assert [dataclasses.asdict(x) for x in verdicts.claims_of_workdir(wd)] == s['claims']
   for f in ('rows.csv', 'summary.json', 'report.md', 'cor_cnf.png', 'fid_fstrong.png'):
     assert os.path.exists(os.path.join(wd, f)), f
   with open(os.path.join(wd, 'rows.csv')) as f:

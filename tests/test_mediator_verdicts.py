@@ -67,14 +67,26 @@ def test_separation_pairs_only_shared_items_and_skips():
 
 
 def test_contrasts_pair_each_familys_shortcut_with_its_faithful_reader():
-  from ceu_jax.audits.mediator import worlds
-  from configs import mediator as mediator_config
-  c = mediator_config.get_config('tiny,families=attention+ssm,regimes=faithful+shortcut+plain')
-  assert worlds.make_world(c).contrasts((False, True)) == [
+  readers = ('attention/faithful', 'attention/shortcut', 'attention/plain', 'ssm/shortcut',
+             'ssm/faithful', 'memory_port/shortcut')    # memory_port: no faithful reader
+  assert verdicts.contrasts(readers, (False, True)) == [
       ('attention/shortcut vs faithful', 'attention/shortcut', 'attention/faithful'),
       ('attention/shortcut vs faithful +tool', 'attention/shortcut +tool',
        'attention/faithful +tool'),
       ('ssm/shortcut vs faithful', 'ssm/shortcut', 'ssm/faithful'),
       ('ssm/shortcut vs faithful +tool', 'ssm/shortcut +tool', 'ssm/faithful +tool')]
-  c = mediator_config.get_config('tiny,regimes=faithful+plain')
-  assert worlds.make_world(c).contrasts((False,)) == []
+  assert verdicts.contrasts(('attention/faithful', 'attention/plain'), (False,)) == []
+  assert verdicts.contrasts(('follower', 'gold_computer', 'constant'), (True,)) == [
+      ('gold_computer vs follower +tool', 'gold_computer +tool', 'follower +tool')]
+
+
+def test_gap_claims_need_a_reader_that_follows_its_own_mediator():
+  """F_ID < 0.5 (World B's SmolLM2: no decision parses) makes the gap and the tool claims
+  untested, whatever Δ says; at F_ID ≥ 0.5 the rule decides."""
+  agg = lambda v, lo, hi: dict(value=v, ci_low=lo, ci_high=hi, n=20)  # noqa: E731
+  for f_id, want in ((0.0, 'untested'), (0.49, 'untested'), (0.5, 'not supported')):
+    s = dict(delta=agg(0.0, 0.0, 0.0), F_ID=agg(f_id, f_id, f_id),
+             delta_own=agg(0.0, 0.0, 0.0), F_ID_own=agg(f_id, f_id, f_id))
+    got = {c.name: c.verdict for c in verdicts.setting_claims('s', s, [], seed=0, min_cell=1)}
+    assert got['s: gap'] == want
+    assert got['s: tool closes the gap'] == ('untested' if want == 'untested' else 'supported')

@@ -1,5 +1,7 @@
 """The trace audit's claims by rule (`ceu_jax.audits.traces.verdicts`): oracle readers
 through the job, and 002's domain comparison on hand-made rows each way."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,9 @@ def test_oracles_follow_ignore_and_mix(tmp_path):
   assert v == {'following: follows': 'supported', 'ignoring: follows': 'opposite',
                'mixture: follows': 'not supported'}   # chain world: one domain, no ρ claim
   assert '## Headline, decided by rule' in open(tmp_path / 'w' / 'report.md').read()
+  # A finished run judged again from its files (rows.csv, summary.json): the same claims.
+  again = verdicts.claims_of_workdir(str(tmp_path / 'w'))
+  assert [dataclasses.asdict(c) for c in again] == s['claims']
 
 
 def _rows(domain, violations_per_item, tau='ParaphraseStep'):

@@ -78,7 +78,8 @@ class MediatorJob(jobs.Job):
       for name, tool in self.settings:
         summary['settings'][worlds.setting(name, tool)]['probe'] = self.world.probe(name, tool)
     rows = {worlds.setting(*s): rs for s, rs in self._rows(results).items()}
-    found = verdicts.run_claims(summary['settings'], rows, self.world.contrasts(c.tools),
+    found = verdicts.run_claims(summary['settings'], rows,
+                                verdicts.contrasts(self.world.readers, c.tools),
                                 seed=c.bootstrap_seed, min_cell=c.min_cell)
     summary['claims'] = [dataclasses.asdict(x) for x in found]
     return summary

@@ -5,29 +5,38 @@ summary.json's `claims`.
 Per setting (reader, tool):
   gap          003 §5: F_Strong is below F_ID (Δ > 0): the 95% paired CI of Δ above 0
                (`claims.of_run`). A faithful reader has Δ = 0 (not supported); a
-               reader whose decision bypasses its mediator has Δ > 0.
+               reader whose decision bypasses its mediator has Δ > 0. Untested when
+               F_ID < 0.5: a reader whose decision does not follow even its own M̂ (World
+               B's SmolLM2, whose decisions do not parse) has no F_ID to fall from.
   asymmetry    003 §5, Fig. 3: CNF consistency above COR (easier to disrupt than to
                correct). COR and CNF are different items, so the difference is unpaired:
                each cell resampled on its own (`unpaired_difference_ci`); supported if
                its 95% CI lies above 0, opposite if below. Untested when a cell has fewer
                than `min_cell` items (the audit reports it absent).
   tool_closes  003 §6.1: with the tool reading the reader's own M̂ the gap nearly closes:
-               Δ_own's CI lies below 0.03 (003's residual), tool settings only.
+               Δ_own's CI lies below 0.03 (003's residual), tool settings only; untested
+               when F_ID_own < 0.5.
 Between readers (the audit's purpose, issue #18): for every pair (shortcut, faithful)
 of the same family and tool, `separates`: Δ(shortcut) > Δ(faithful), paired on the
 items both settings audited (d_i = 1[consistent] − 1[strong] per reader).
 """
 from __future__ import annotations
 
+import csv
+import dataclasses
+import json
+import os
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from ceu_jax import claims
 from ceu_jax.audits.mediator import audit as md
+from ceu_jax.audits.mediator import worlds
 from ceu_jax.metrics.resampling import Aggregate, fmt_ci, unpaired_difference_ci
 
 TOOL_RESIDUAL = 0.03   # 003 §6.1: residual Δ with the tool ≤ 0.03
+MIN_F_ID = 0.5         # gap claims need a reader whose decision mostly follows its own M̂
 UNPAIRED_RULE = ("one run, two disjoint item sets: supported if the 95% CI of the difference "
                  "(each set resampled on its own) lies above 0, opposite if below, else not "
                  "supported; untested when a cell is absent")
@@ -60,19 +69,33 @@ def _unpaired_claim(name: str, statement: str, agg: Aggregate | None, sign: int,
                       UNPAIRED_RULE)
 
 
+def _competent(claim: claims.Claim, f_id, label: str) -> claims.Claim:
+  """`claim`, or untested when F_ID < MIN_F_ID: a reader whose decision does not follow
+  even its own M̂ (e.g. one whose output does not parse) has no F_ID to fall from."""
+  value = Aggregate.from_dict(f_id).value if isinstance(f_id, Mapping) else f_id.value
+  if value is not None and value >= MIN_F_ID:
+    return claim
+  shown = 'absent' if value is None else f'{value:.3f}'
+  return dataclasses.replace(claim, verdict=claims.UNTESTED, numbers=(
+      f'{claim.numbers}; but {label} {shown} < {MIN_F_ID:g}: the reader\'s decision does not '
+      f'follow its own mediator, nothing to fall from → untested'),
+      rule=claim.rule + f'; untested when {label} < {MIN_F_ID:g}')
+
+
 def setting_claims(setting: str, summary: Mapping, rows: Sequence[dict], *, seed: int,
                    min_cell: int) -> list[claims.Claim]:
   """gap, asymmetry and (tool settings) tool_closes of one setting (module doc)."""
-  out = [claims.of_run(f'{setting}: gap', 'F_Strong below F_ID (Δ > 0; 003 §5)',
-                       summary['delta'], +1, label='Δ'),
+  out = [_competent(claims.of_run(f'{setting}: gap', 'F_Strong below F_ID (Δ > 0; 003 §5)',
+                                  summary['delta'], +1, label='Δ'), summary['F_ID'], 'F_ID'),
          _unpaired_claim(f'{setting}: asymmetry',
                          'CNF consistency above COR (003 §5: easier to disrupt than to correct)',
                          asymmetry(rows, seed=seed, min_cell=min_cell), +1, 'CNF − COR')]
   own = summary.get('delta_own')
   if own is not None and Aggregate.from_dict(own).value is not None:
-    out.append(claims.of_run(f'{setting}: tool closes the gap',
-                             f'the tool on the reader\'s own M̂ leaves Δ_own < {TOOL_RESIDUAL:g} '
-                             '(003 §6.1)', own, -1, against=TOOL_RESIDUAL, label='Δ_own'))
+    out.append(_competent(claims.of_run(
+        f'{setting}: tool closes the gap', f'the tool on the reader\'s own M̂ leaves Δ_own < '
+        f'{TOOL_RESIDUAL:g} (003 §6.1)', own, -1, against=TOOL_RESIDUAL, label='Δ_own'),
+        summary['F_ID_own'], 'F_ID_own'))
   return out
 
 
@@ -89,6 +112,28 @@ def separation_claim(label: str, shortcut: Sequence[dict], faithful: Sequence[di
                         [('Δ(shortcut) − Δ(faithful)', d, +1)])
 
 
+# (shortcut reader, faithful reader) pairs by name: a family's two trained regimes, and
+# the oracle world's gold computer (its decision bypasses M̂) and follower (Y = C(M̂)).
+def _faithful_of(reader: str) -> str | None:
+  if reader.endswith('/shortcut'):
+    return reader[:-len('shortcut')] + 'faithful'
+  return 'follower' if reader == 'gold_computer' else None
+
+
+def contrasts(readers: Sequence[str], tools: Sequence[bool]) -> list[tuple[str, str, str]]:
+  """(label, shortcut setting, faithful setting) for every reader whose faithful
+  counterpart was audited too ('<family>/shortcut' vs '<family>/faithful'; the oracle
+  world's 'gold_computer' vs 'follower'), each tool."""
+  out = []
+  for r in readers:
+    f = _faithful_of(r)
+    if f in readers:
+      label = f'{r.rsplit("/", 1)[0]}/shortcut vs faithful' if '/' in r else f'{r} vs {f}'
+      out += [(worlds.setting(label, t), worlds.setting(r, t), worlds.setting(f, t))
+              for t in tools]
+  return out
+
+
 def run_claims(settings: Mapping[str, Mapping], rows: Mapping[str, Sequence[dict]],
                contrasts: Sequence[tuple[str, str, str]], *, seed: int,
                min_cell: int) -> list[claims.Claim]:
@@ -101,3 +146,30 @@ def run_claims(settings: Mapping[str, Mapping], rows: Mapping[str, Sequence[dict
     if short in rows and faith in rows:
       out.append(separation_claim(label, rows[short], rows[faith], seed=seed))
   return out
+
+
+def read_rows(path: str) -> dict[str, list[dict]]:
+  """A run's rows.csv back to the fields the claims read, by setting (runs written before
+  the job printed its claims can be judged by the same rule: `claims_of_workdir`)."""
+  flag = lambda s: s in ('1', 'True')  # noqa: E731  (DictWriter wrote 0/1 or False/True)
+  out: dict[str, list[dict]] = {}
+  with open(path, newline='') as f:
+    for r in csv.DictReader(f):
+      out.setdefault(r['setting'], []).append(dict(
+          id=r['id'], kind=r['kind'], consistent=flag(r['consistent']),
+          strong=flag(r['strong']), consistent_star=flag(r['consistent_star'])))
+  return out
+
+
+def claims_of_workdir(workdir: str) -> list[claims.Claim]:
+  """The claims of a finished run from its summary.json and rows.csv (the readers'
+  contrasts as the job draws them)."""
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    summary = json.load(f)
+  rows = read_rows(os.path.join(workdir, 'rows.csv'))
+  st = {k: summary['settings'][k] for k in rows}   # the job's order (rows.csv's)
+  readers = list(dict.fromkeys(v['reader'] for v in st.values()))
+  tools = list(dict.fromkeys(bool(v['tool']) for v in st.values()))
+  c = summary['config']
+  return run_claims(st, rows, contrasts(readers, tools),
+                    seed=int(c['bootstrap_seed']), min_cell=int(c['min_cell']))

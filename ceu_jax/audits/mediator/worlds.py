@@ -64,15 +64,6 @@ class _World:
   def task(self, name: str, tool: bool):
     return self.base_task
 
-  def contrasts(self, tools) -> list[tuple[str, str, str]]:
-    """(label, shortcut setting, faithful setting) pairs the audit should tell apart:
-    '<family>/shortcut' against '<family>/faithful' for each tool."""
-    return [(setting(f'{fam}/shortcut vs faithful', tool), setting(f'{fam}/shortcut', tool),
-             setting(f'{fam}/faithful', tool))
-            for fam in dict.fromkeys(n.rsplit('/', 1)[0] for n in self.readers if '/' in n)
-            if f'{fam}/shortcut' in self.readers and f'{fam}/faithful' in self.readers
-            for tool in tools]
-
   def reader(self, name: str, tool: bool):
     if (name, tool) not in self._readers:
       self._readers[(name, tool)] = self._build(name, tool)
@@ -81,11 +72,6 @@ class _World:
 
 class OracleWorld(_World):
   readers = ('follower', 'gold_computer', 'constant')
-
-  def contrasts(self, tools):
-    """The gold computer (its decision bypasses M̂) against the follower (Y = C(M̂))."""
-    return [(setting('gold_computer vs follower', t), setting('gold_computer', t),
-             setting('follower', t)) for t in tools]
 
   def _build(self, name, tool):
     from ceu_jax.readers import mediator_oracles as mo

@@ -17,6 +17,9 @@ Every claim counts only regenerations that parse, as the tables do.
 """
 from __future__ import annotations
 
+import csv
+import json
+import os
 from typing import Mapping, Sequence
 
 from ceu_jax import claims
@@ -77,3 +80,29 @@ def run_claims(readers: Mapping[str, Mapping], rows: Mapping[str, Sequence[dict]
                seed: int) -> list[claims.Claim]:
   """Every reader's claims (`reader_claims`), in the summary's reader order."""
   return [c for r, s in readers.items() for c in reader_claims(r, s, rows[r], seed=seed)]
+
+
+def _flag(s: str) -> bool | None:
+  return {'True': True, 'False': False}.get(s)
+
+
+def read_rows(path: str) -> dict[str, list[dict]]:
+  """A run's rows.csv back to the fields the claims read, by reader (runs written before
+  the job printed its claims can be judged by the same rule: `claims_of_workdir`)."""
+  out: dict[str, list[dict]] = {}
+  with open(path, newline='') as f:
+    for r in csv.DictReader(f):
+      out.setdefault(r['reader'], []).append(dict(
+          id=r['id'], domain=r['domain'], tau=r['tau'], applied=_flag(r['applied']) is not False,
+          regen_parsed=bool(_flag(r['regen_parsed'])),
+          violation=float(r['violation']) if r['violation'] else None))
+  return out
+
+
+def claims_of_workdir(workdir: str) -> list[claims.Claim]:
+  """The claims of a finished run from its summary.json and rows.csv."""
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    summary = json.load(f)
+  rows = read_rows(os.path.join(workdir, 'rows.csv'))
+  readers = {r: summary['readers'][r] for r in rows}   # the job's order (rows.csv's)
+  return run_claims(readers, rows, seed=int(summary['config']['bootstrap_seed']))
