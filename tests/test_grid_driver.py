@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ceu_jax.grid import aggregate, runner, sweep
+from ceu_jax.grid import plots as grid_plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -263,7 +264,7 @@ def test_report_writes_plots_and_table(tmp_path):
     assert not (tmp_path / "plots" / f"{stem}.png").exists()
   notes = text.split("Not drawn:")[1]
   assert "k [2]" in notes and "[128.0]" in notes and "[0.0]" in notes
-  assert report.pareto_front(np.array([[0.5, 0.5], [0.6, 0.4], [0.4, 0.4]])).tolist() == [
+  assert grid_plots.pareto_front(np.array([[0.5, 0.5], [0.6, 0.4], [0.4, 0.4]])).tolist() == [
       [0.5, 0.5], [0.6, 0.4]]
 
 
@@ -279,14 +280,14 @@ def test_pareto_names_every_setting_in_a_legend_outside_the_axes(tmp_path):
           for i, (fam, lam, em, sup) in enumerate([
               ("attention", 0.0, 1.0, 1.0), ("attention", 10.0, 0.0, 0.0),
               ("ssm", 1.0, 0.99, 0.01), ("ssm", 0.5, 0.0, 1.0)])]
-  fig, ax = report.pareto_figure(rows)
+  fig, ax = grid_plots.pareto_figure(rows)
   FigureCanvasAgg(fig).draw()
   assert len(ax.texts) == 0
   legend = ax.get_legend()
   names = [t.get_text() for t in legend.get_texts()]
-  assert sorted(names) == sorted(report.series_label(r) for r in rows)
+  assert sorted(names) == sorted(grid_plots.series_label(r) for r in rows)
   assert legend.get_window_extent().x0 >= ax.get_window_extent().x1
-  png, _ = report.plot_pareto(rows, str(tmp_path / "p"))
+  png, _ = grid_plots.plot_pareto(rows, str(tmp_path / "p"))
   img = matplotlib.image.imread(png)
   for edge in (img[:, -1, :3], img[-1, :, :3], img[:, 0, :3], img[0, :, :3]):
     assert np.all(edge > 0.95)
