@@ -13,8 +13,10 @@ except the control):
            overlap with q (ties: earlier first), in their order in C;
   B  (B3)  the reader model itself, prompted to compress C for q (greedy,
            ≤ `rewrite_max_new_tokens` new tokens);
-  B4       B's compile, then a deterministic verifier: a sentence is kept when
-           at least `support` of its content words occur in C;
+  B4       A's compile verified by B (SPEC §8.1): each of its sentences is kept
+           when the reader model answers yes to whether it helps answer q
+           (`verify_with_model`; SmolLM2-135M answers no to every one, so its B4
+           compiles are empty: docs/answer_presence.md);
   control  question-blind: the first `k` sentences of C (reported as answer
            containment only).
 Content words: lower-cased word characters, minus a fixed stop-word list.
