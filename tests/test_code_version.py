@@ -77,8 +77,11 @@ def test_no_git_program(repo, monkeypatch):
 
 
 def test_this_package_matches_git():
+  """The package's own checkout, read now (uncached: a commit or an edit made while the
+  tests run would change it; `code_version()` keeps what the process started with)."""
   root = cv.package_root()
-  got = cv.code_version()
+  got = version(root)
+  assert cv.code_version()["ceu_jax"] == got["ceu_jax"]
   if not os.path.isdir(os.path.join(root, ".git")) and not os.path.isfile(
       os.path.join(root, ".git")):
     assert got["commit"] is None
