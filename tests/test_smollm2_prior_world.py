@@ -53,10 +53,13 @@ def _ref_mentions(text: str, answer: str) -> bool:
 
 def _items(n: int, dup_every: int = 0) -> list[prior_world.Item]:
   """Synthetic candidates: item i answers 'Name<i> Person'; every dup_every-th item
-  repeats the question of the item before it (a duplicate the world must drop)."""
+  asks the question of the item before it, cased and punctuated otherwise (a duplicate
+  after normalisation, which the world must drop)."""
   out = []
   for i in range(n):
-    q = f'who founded company {i - 1 if dup_every and i % dup_every == 0 and i else i}?'
+    q = f'who founded company {i}?'
+    if dup_every and i and i % dup_every == 0:
+      q = f'Who founded the company, {i - 1}'
     ans = f'Name{i} Person'
     out.append(prior_world.Item(f'nq:{i:05d}', q, ans,
                                 f'Some filler {i}. It was founded by {ans} in 19{i % 90:02d}.',
