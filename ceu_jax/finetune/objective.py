@@ -26,6 +26,8 @@ Batch (dict of arrays, leading axis B; `cer_task.batch_arrays` builds it):
   valid, answer_mask [B, T] bool    shared by D+ and D− (token-aligned)
   span_ev, span_dis, span_control [B, T_in] bool   probe spans over input positions
   has_dis, has_control [B] bool     the row has a valid span for that probe
+  has_ev [B] bool (optional)        the row holds the evidence (a prior-world row
+                                    without it has D− = D+, no spans, no CER term)
 
 Shape legend: B batch, T row length (the model reads T_in = T − 1 positions),
 n = n_tail (answer positions, t0 = T_in − n), Q probes, E width, H heads,
@@ -71,6 +73,7 @@ def check_batch(batch: dict, ids: Optional[list] = None) -> None:
   ids = list(ids) if ids is not None else [f'row {i}' for i in range(b)]
   valid, ans = np.asarray(batch['valid']), np.asarray(batch['answer_mask'])
   ev = np.asarray(batch['span_ev'])
+  has_ev = np.asarray(batch.get('has_ev', np.ones(tp.shape[0], bool)))
   for name in ('valid', 'answer_mask'):
     if np.shape(batch[name]) != (b, t):
       raise ValueError(f'batch[{name!r}] has shape {np.shape(batch[name])}, expected {(b, t)}')
@@ -80,6 +83,11 @@ def check_batch(batch: dict, ids: Optional[list] = None) -> None:
                        f'[B, T_in] = {(b, t - 1)}')
   for i in range(b):
     differ = tp[i] != tm[i]
+    if not has_ev[i]:   # no evidence: D− = D+ and no probe span
+      if differ.any() or any(np.asarray(batch[f'span_{n}'][i]).any() for n in PROBES):
+        raise ValueError(f'item {ids[i]}: a row without evidence (has_ev False) must have '
+                         'D− = D+ and no probe span')
+      continue
     outside = np.append(differ[:-1] & ~ev[i], differ[-1])
     if outside.any():
       raise ValueError(f'item {ids[i]}: D+ and D− are not token-aligned (they differ at '
@@ -188,10 +196,12 @@ def lm_cer_loss(trainable: Any, base: Optional[dict], batch: dict, *, config: Sm
     l_minus = patching.tail_loglik(logits_m, tm, am)
     gap = l_plus - l_minus
     gap_c = jax.lax.stop_gradient(gap)
-    ok = gap_c >= cfg.eps
-    metrics.update(gap=gap_c.mean(), cer_valid_frac=ok.mean())
+    has_ev = batch.get('has_ev', jnp.ones_like(gap_c, bool))
+    ok = (gap_c >= cfg.eps) & has_ev
+    metrics.update(gap=_masked_mean(gap_c, has_ev), cer_valid_frac=ok.mean())
     if cfg.beta_swap > 0:
       swap = -gap if cfg.swap_form == 'contrastive' else jnp.maximum(cfg.gamma - gap, 0.0)
+      swap = jnp.where(has_ev, swap, 0.0)
       per_row = per_row + cfg.beta_swap * swap
       metrics['swap'] = swap.mean()
     if cfg.uses_probes:
@@ -211,7 +221,9 @@ def lm_cer_loss(trainable: Any, base: Optional[dict], batch: dict, *, config: Sm
       ceu = engine_scores.ceu(l_int, l_plus, l_minus, cfg.eps)  # [Q, B]
       ev_term = jnp.where(ok, jnp.maximum(cfg.alpha * gap_g - delta[0], 0.0) / den, 0.0)
       per_row = per_row + cfg.lambda_ev * ev_term
-      metrics.update(cer_ev=ev_term.mean(), ceu_ev=_masked_mean(ceu[0], ok))
+      # cer_ev_active: share of the rows with a CER term whose evidence hinge is > 0.
+      metrics.update(cer_ev=ev_term.mean(), ceu_ev=_masked_mean(ceu[0], ok),
+                     cer_ev_active=_masked_mean(ev_term > 0, ok))
       if cfg.k >= 2:
         dis_ok = ok & batch['has_dis']
         metrics['ceu_dis'] = _masked_mean(ceu[1], dis_ok)

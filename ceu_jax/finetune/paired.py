@@ -14,7 +14,11 @@ and `grid.paired.item_pairs` for what a metric is on an item:
   ceu_ev       the §1 mean: items whose gap is non-degenerate in BOTH arms;
   ceu_ev_fixed every item, a degenerate gap counted as 0 (a fixed denominator);
   ceu_dis      §1 mean over items with a distractor span, non-degenerate in both;
-  em δ=…, f1 δ=… the robustness EM / F1 under distractor injection at each δ_test.
+  em δ=…, f1 δ=… the robustness EM / F1 under distractor injection at each δ_test;
+  <metric> [<stratum>] a memorisable-prior world's evaluation (issue #36): em, supported,
+               ceu_ev, ceu_ev_fixed on the items of one stratum (memorised /
+               evidence_only), and em / f1 [no_evidence] on the memorised items without
+               their evidence (rows batches/no_evidence_<b>.json).
 
 One training seed per run, so a verdict is decided by the paired 95% CI (`claims.RULE`
 with one seed): SPEC §6's H2 for every (baseline, CER) pair, both denominators, and H1
@@ -39,10 +43,14 @@ LABELS = {'ceu_ev': 'ceu_ev (§1: non-degenerate in both)',
           'ceu_dis': 'ceu_dis (§1: non-degenerate in both)'}
 _CLEAN = re.compile(r'^\d+\.json$')
 _DELTA = re.compile(r'^delta_(.+)_\d+\.json$')
+_FREE = re.compile(r'^no_evidence_\d+\.json$')
+STRATUM_METRICS = ('em', 'supported', 'ceu_ev', 'ceu_ev_fixed')  # per stratum (world)
+NO_EVIDENCE = 'no_evidence'
 
 
 def items_from_rows(rows: Sequence[dict], read_layer: int,
-                    robust: dict[str, Sequence[dict]] | None = None) -> dict[str, np.ndarray]:
+                    robust: dict[str, Sequence[dict]] | None = None,
+                    free: Sequence[dict] = ()) -> dict[str, np.ndarray]:
   """Per-item arrays, sorted by id, of an evaluation's clean rows at `read_layer` (the
   trained port) and its robustness rows {δ: rows}: `grid.paired.load_examples`'s fields
   (example_id, correct, has_evidence, dis_found, degenerate, ceu_ev, ceu_dis; NaN where
@@ -59,6 +67,13 @@ def items_from_rows(rows: Sequence[dict], read_layer: int,
   for key in ('ceu_ev', 'ceu_dis', 'em', 'f1'):
     out[key] = np.asarray([aggregate.number(r[key]) for r in at])
   out['nll'] = np.asarray([-float(r['L_plus']) for r in at])
+  if any('stratum' in r for r in at):   # a prior world: each item's stratum
+    out['stratum'] = np.asarray([r.get('stratum', '') for r in at])
+  if free:   # no_evidence rows: the memorised items without their evidence, by id
+    by_id = {r['id']: r for r in free}
+    for m in ('em', 'f1'):
+      out[f'{m} [{NO_EVIDENCE}]'] = np.asarray(
+          [aggregate.number(by_id.get(i, {}).get(m)) for i in out['example_id']])
   for d, rs in sorted((robust or {}).items(), key=lambda kv: float(kv[0])):
     by_id = {r['id']: r for r in rs}
     for m in ('em', 'f1'):
@@ -75,14 +90,16 @@ def load_items(eval_dir: str, read_layer: int | None = None) -> dict[str, np.nda
     return None
   if read_layer is None:
     read_layer = int(io.read_json(os.path.join(eval_dir, 'summary.json'))['read_layer'])
-  rows, robust = [], {}
+  rows, robust, free = [], {}, []
   for n in names:
     m = _DELTA.match(n)
     if _CLEAN.match(n):
       rows += io.read_json(os.path.join(bdir, n))
     elif m:
       robust.setdefault(m.group(1), []).extend(io.read_json(os.path.join(bdir, n)))
-  return items_from_rows(rows, read_layer, robust)
+    elif _FREE.match(n):
+      free += io.read_json(os.path.join(bdir, n))
+  return items_from_rows(rows, read_layer, robust, free)
 
 
 def shared(a: dict, b: dict) -> tuple[dict, dict]:
@@ -93,14 +110,26 @@ def shared(a: dict, b: dict) -> tuple[dict, dict]:
 
 
 def metrics_of(*arms: dict) -> list[str]:
-  """The metrics every arm has: the grid's, f1, nll, then the robustness columns."""
+  """The metrics every arm has: the grid's, f1, nll, the robustness columns, then (a
+  prior world) the per-stratum metrics and the no_evidence columns."""
   extra = [k for k in arms[0] if ' δ=' in k and all(k in x for x in arms)]
+  if all('stratum' in x for x in arms):
+    names = [s for s in ('memorised', 'evidence_only') if (arms[0]['stratum'] == s).any()]
+    extra += [f'{m} [{s}]' for s in names for m in STRATUM_METRICS]
+  extra += [k for k in arms[0] if k.endswith(f'[{NO_EVIDENCE}]') and all(k in x for x in arms)]
   return ['em', 'f1', 'nll', 'supported', 'ceu_ev', 'ceu_ev_fixed', 'ceu_dis'] + extra
 
 
 def item_pairs(metric: str, a: dict, b: dict) -> tuple[np.ndarray, np.ndarray]:
   """(values in A, values in B) of `metric` on A's and B's shared items."""
   a, b = shared(a, b)
+  base, _, stratum = metric.partition(' [')
+  if stratum and stratum != f'{NO_EVIDENCE}]':   # '<metric> [<stratum>]': that stratum only
+    if not np.array_equal(a['stratum'], b['stratum']):
+      raise ValueError('the two evaluations label their shared items with different strata')
+    keep = a['stratum'] == stratum[:-1]
+    a, b = ({k: v[keep] for k, v in x.items()} for x in (a, b))
+    metric = base
   if metric in GRID_METRICS:
     return grid_paired.item_pairs(metric, a, b)
   x, y = a[metric], b[metric]

@@ -21,6 +21,13 @@ dropped and counted (never truncated). Training batch of step s: rows
 s·B … s·B + B − 1 of an endless sequence of seeded epoch permutations, a pure
 function of (seed, step).
 
+Memorisable-prior world (issue #36): with a `data.world` section the training rows are
+those of `ceu_jax.data.factqa.prior_world` (a share ρ of the items recurs `repeats`
+times per epoch with a fixed answer, a share η of the contexts lacks the evidence)
+instead of one row per train-split pair; a row without evidence has D− = D+ and no
+probe span (`has_ev` False: no CER term, only −log p(y* | q, D)). `world_pairs` builds
+it; the evaluation's strata are `evaluate.py`'s.
+
 Config sections: seed, data, model, lora, train, cer, eval, sharding
 (configs/smollm2_cer.py documents every field).
 """
@@ -35,6 +42,7 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
+from ceu_jax.data.factqa import prior_world
 from ceu_jax.pretrained import audit_nq
 from ceu_jax.finetune import objective as obj
 from ceu_jax.pretrained import lora as lora_lib
@@ -93,7 +101,10 @@ def validate(config: Any) -> None:
       raise ValueError(f'{name} is missing from the config')
   if not fields.is_int(top['seed']) or top['seed'] < 0:
     raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
-  fields.check_section('data', config.data, DATA_FIELDS)
+  data = dict(fields.items_of(config.data))
+  if 'world' in data:   # the memorisable-prior world (optional section)
+    prior_world.WorldConfig.from_config(data.pop('world'))
+  fields.check_section('data', data, DATA_FIELDS)
   fields.check_section('model', config.model, MODEL_FIELDS)
   fields.check_section('lora', config.lora, LORA_FIELDS)
   fields.check_section('train', config.train, config_lib.TRAIN_FIELDS)
@@ -204,12 +215,14 @@ def injected_prompts(config: Any, pairs: Sequence[audit_nq.Pair], delta: float
   return prompts, counts
 
 
-def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None
+def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None,
+                exclude_questions: frozenset = frozenset()
                 ) -> tuple[list[audit_nq.Pair], dict]:
   """Token-aligned entity-swap pairs of `split` (NQ) with short contexts, and a report.
 
   limit: stop after this many pairs (items in id order); config.data.max_items
-  bounds the items scanned (0: all).
+  bounds the items scanned (0: all). exclude_questions: normalised questions
+  (`prior_world.question_key`) whose items are skipped (counted as 'seen_question').
   """
   d = config.data
   examples, passages = _storage()
@@ -218,12 +231,13 @@ def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None
   if d.max_items:
     recs = recs[:int(d.max_items)]
   pool = audit_nq.drawn_pool(tok, [(e, '') for e in recs])
-  pc = types.SimpleNamespace(max_len=int(d.max_len), max_answer_tokens=int(d.max_answer_tokens),
-                             seed=int(config.seed), substitutes=tuple(d.substitutes),
-                             n_draws=int(d.n_draws))
+  pc = _pair_config(config)
   pairs, dropped, scanned = [], {}, 0
   for e in recs:
     scanned += 1
+    if exclude_questions and prior_world.question_key(e['question']) in exclude_questions:
+      dropped['seen_question'] = dropped.get('seen_question', 0) + 1
+      continue
     ctx = short_context(e, passages[e['passage_id']], int(d.n_distractor_sentences),
                         int(config.seed))
     pair, why = audit_nq.make_pair(tok, e, ctx, pool, pc)
@@ -234,6 +248,71 @@ def build_pairs(tok, config: Any, split: str, limit: Optional[int] = None
       if limit is not None and len(pairs) >= limit:
         break
   return pairs, {'split': split, 'scanned': scanned, 'kept': len(pairs), 'dropped': dropped}
+
+
+def _pair_config(config: Any) -> types.SimpleNamespace:
+  d = config.data
+  return types.SimpleNamespace(max_len=int(d.max_len), max_answer_tokens=int(d.max_answer_tokens),
+                               seed=int(config.seed), substitutes=tuple(d.substitutes),
+                               n_draws=int(d.n_draws))
+
+
+def world_config(config: Any) -> Optional[prior_world.WorldConfig]:
+  """The checked `data.world` section, None without one (no prior world)."""
+  if 'world' not in fields.items_of(config.data):
+    return None
+  return prior_world.WorldConfig.from_config(config.data.world)
+
+
+def free_pair(tok, item: prior_world.Item, max_len: int) -> Optional[audit_nq.Pair]:
+  """The no-evidence row of `item` as a Pair with D− = D+ and no probe span (None when
+  prompt + answer is longer than max_len tokens)."""
+  from ceu_jax.pretrained.tokenizer import encode, format_prompt
+  prompt = format_prompt(item.free_context, item.question)
+  n_p, n_a = len(encode(tok, prompt)), len(encode(tok, ' ' + item.answer))
+  if n_p + n_a > max_len:
+    return None
+  return audit_nq.Pair(item.id, item.question, item.answer, '', 'none', prompt, prompt,
+                       n_p, n_a, (), (), 'none', ())
+
+
+def world_pairs(tok, config: Any) -> tuple[prior_world.World, dict, dict, dict]:
+  """(world, {id: pair with evidence}, {id: no-evidence pair}, report) of the config's
+  memorisable-prior world over the train split (`prior_world`): every scanned item whose
+  entity-swap pair aligns and whose no-evidence context exists and fits is a candidate."""
+  d, seed = config.data, int(config.seed)
+  examples, passages = _storage()
+  recs = sorted((e for e in examples if e['source'] == 'nq' and e['split'] == d.train_split),
+                key=lambda e: e['id'])
+  if d.max_items:
+    recs = recs[:int(d.max_items)]
+  pool = audit_nq.drawn_pool(tok, [(e, '') for e in recs])
+  pc = _pair_config(config)
+  n_ctx = int(d.n_distractor_sentences)
+  items, with_ev, free, dropped = [], {}, {}, {}
+  for e in recs:
+    passage = passages[e['passage_id']]
+    ctx = short_context(e, passage, n_ctx, seed)
+    pair, why = audit_nq.make_pair(tok, e, ctx, pool, pc)
+    # Without evidence: as many sentences as the context with it, none naming the answer.
+    free_ctx = prior_world.free_context(e['id'], passage['sentences'], e['answer'],
+                                        n_ctx + 1, seed)
+    item = fp = None
+    if pair is not None and free_ctx is not None:
+      item = prior_world.Item(e['id'], e['question'], e['answer'], ctx, free_ctx)
+      fp = free_pair(tok, item, int(d.max_len))
+      why = 'kept' if fp is not None else 'free_context_too_long'
+    else:
+      why = why if pair is None else 'no_free_context'
+    if why != 'kept':
+      dropped[why] = dropped.get(why, 0) + 1
+      continue
+    items.append(item)
+    with_ev[e['id']], free[e['id']] = pair, fp
+  world = prior_world.build(items, world_config(config), seed)
+  report = {'split': d.train_split, 'scanned': len(recs), 'eligible': len(items),
+            'dropped': dropped, **world.report}
+  return world, with_ev, free, report
 
 
 def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int) -> dict:
@@ -258,6 +337,7 @@ def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int) -> dict:
       spans[n][i, off + np.asarray(getattr(p, n), int)] = True
   batch = {'tokens_p': bp.tokens, 'tokens_m': bm.tokens, 'valid': bp.valid,
            'answer_mask': bp.answer_mask, **{f'span_{n}': spans[n] for n in obj.PROBES},
+           'has_ev': np.array([bool(p.ev) for p in pairs]),
            **{f'has_{n}': np.array([bool(getattr(p, n)) for p in pairs])
               for n in obj.PROBES[1:]}}
   obj.check_batch(batch, [p.id for p in pairs])
@@ -276,8 +356,10 @@ class SmolLM2CERTask:
   model_config: SmolLMConfig  # the (possibly truncated) SmolLM2 hyper-parameters
   base: dict  # frozen base params (host/device arrays)
   tokenizer: Any  # the SmolLM2 tokenizer
-  pairs: list  # training pairs (seeded epochs over them)
+  pairs: list  # training pairs (seeded epochs over them; a prior world: its rows)
   report: dict  # pair selection report
+  world: Optional[prior_world.World] = None  # the memorisable-prior world (data.world)
+  world_pairs: Optional[tuple[dict, dict]] = None  # ({id: pair}, {id: no-evidence pair})
 
   @classmethod
   def from_config(cls, config: Any, *, load=None) -> 'SmolLM2CERTask':
@@ -293,6 +375,10 @@ class SmolLM2CERTask:
     else:
       mc, variables, tok = load()
     lora_lib.check_layer(config.model.read_layer, mc, 'model.read_layer')
+    if world_config(config) is not None:
+      world, with_ev, free, report = world_pairs(tok, config)
+      pairs = [with_ev[r.id] if r.has_evidence else free[r.id] for r in world.rows]
+      return cls(config, mc, variables['params'], tok, pairs, report, world, (with_ev, free))
     pairs, report = build_pairs(tok, config, config.data.train_split)
     if not pairs:
       raise ValueError(f'no aligned training pairs in split {config.data.train_split!r}: '
