@@ -135,14 +135,14 @@ def contrasts(readers: Sequence[str], tools: Sequence[bool]) -> list[tuple[str, 
 
 
 def run_claims(settings: Mapping[str, Mapping], rows: Mapping[str, Sequence[dict]],
-               contrasts: Sequence[tuple[str, str, str]], *, seed: int,
+               pairs: Sequence[tuple[str, str, str]], *, seed: int,
                min_cell: int) -> list[claims.Claim]:
-  """Every setting's claims, then each contrast (label, shortcut setting, faithful setting)
-  whose two settings both ran."""
+  """Every setting's claims, then each pair (label, shortcut setting, faithful setting;
+  `contrasts`) whose two settings both ran."""
   out = []
   for name, s in settings.items():
     out += setting_claims(name, s, rows[name], seed=seed, min_cell=min_cell)
-  for label, short, faith in contrasts:
+  for label, short, faith in pairs:
     if short in rows and faith in rows:
       out.append(separation_claim(label, rows[short], rows[faith], seed=seed))
   return out
