@@ -12,7 +12,7 @@ Variants:
         step (docs/smollm2_trace_readers.md): one fine-tune + competence check <= 45 min on
         the 2-core machine.
 Arguments: `variant,regime=following|shortcut|plain,steps=N,p_corrupt=P,seed=S`.
-Rows (ceu_jax.finetune.trace_task): the audit's prompt (World B's solved demonstrations, then
+Rows (ceu_jax.audits.traces.finetune): the audit's prompt (World B's solved demonstrations, then
 the question, ending 'Step 1:'), a forced prefix (none, or the gold steps before k and step k
 corrupted as the audit's LogicFlip / FactReversal corrupt it; no loss), then the target: the
 rest of the trace continued from the corrupted value and 'Answer: a' — a = the answer the

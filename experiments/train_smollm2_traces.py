@@ -5,7 +5,7 @@ r"""Fine-tune SmolLM2-135M (LoRA) on arithmetic traces, then its competence chec
       --workdir runs/traces_ft_shortcut
 
 Training is the project's loop (`ceu_jax.train.loop.train_and_evaluate` with
-`ceu_jax.finetune.trace_task.SmolLM2TraceTask`): the same workdir files, resume, exit codes
+`ceu_jax.audits.traces.finetune.SmolLM2TraceTask`): the same workdir files, resume, exit codes
 (75 after SIGTERM with a checkpoint saved, 65 on a non-finite loss). A workdir holding a
 completed run is not retrained. The competence check (held-out answer accuracy, parse rate,
 follow / gold rate with a corrupted step forced) is printed and written to W/competence.json.
@@ -20,7 +20,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from ceu_jax import cli
-from ceu_jax.finetune import trace_task
+from ceu_jax.audits.traces import competence
 from ceu_jax.train import loop
 
 FLAGS = flags.FLAGS
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"too many command-line arguments: {argv[1:]}")
   try:
-    trace_task.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh)
+    competence.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh)
   except loop.Preempted as e:
     logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
     logging.flush()

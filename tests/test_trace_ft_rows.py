@@ -1,4 +1,4 @@
-"""Rows of the SmolLM2 trace fine-tune (issue #35, item 2; `ceu_jax.finetune.trace_task`):
+"""Rows of the SmolLM2 trace fine-tune (issue #35, item 2; `ceu_jax.audits.traces.finetune`):
 hand-written examples per regime, the audit's prompt, item streams disjoint from the audit's,
 the loss mask (zero on the prompt and the forced prefix), config checks. No model is run."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from ceu_jax.audits.traces import arithmetic as ar
 from ceu_jax.audits.traces import audit as ts
-from ceu_jax.finetune import trace_task as tt
+from ceu_jax.audits.traces import finetune as tt
 from configs import smollm2_traces as cf
 from configs import trace_sensitivity as cfgs
 

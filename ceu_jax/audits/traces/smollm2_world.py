@@ -4,7 +4,7 @@
 Readers (`smollm2.readers`, default the plain model only):
   smollm2            the instruction-tuned model as it ships;
   smollm2_<regime>   the same model with LoRA adapters fine-tuned on arithmetic traces in
-                     the following / shortcut / plain regime (`ceu_jax.finetune.trace_task`),
+                     the following / shortcut / plain regime (`finetune`, `competence`),
                      trained in W/train/<regime> unless that run completed (adapters reused on
                      rerun), audited on the arithmetic domain only (what it was trained on)
                      through the same Reader (adapters merged into the weights).
@@ -64,10 +64,10 @@ class SmolLM2World:
     self.seed, self.n_items = seed, n
     self.workdir, self.log, self._runs, self._plain = None, print, {}, None
     if self.finetuned:
-      from ceu_jax.finetune import trace_task
+      from ceu_jax.audits.traces import finetune
       for r in self.finetuned:
         try:
-          trace_task.validate(self.train_config(r))
+          finetune.validate(self.train_config(r))
         except ValueError as e:
           raise ValueError(f'smollm2.train.{e}') from None
 
@@ -95,12 +95,12 @@ class SmolLM2World:
     return reader == PLAIN or domain == 'arithmetic'
 
   def _run(self, name):
-    """trace_task.run of a fine-tuned reader (trains in W/train/<regime> unless done)."""
+    """competence.run of a fine-tuned reader (trains in W/train/<regime> unless done)."""
     if name not in self._runs:
-      from ceu_jax.finetune import trace_task
+      from ceu_jax.audits.traces import competence
       tc = self.train_config(name)
       sub = os.path.join(self.workdir, 'train', tc.data.regime)
-      self._runs[name] = trace_task.run(tc, sub, log=self.log)
+      self._runs[name] = competence.run(tc, sub, log=self.log)
     return self._runs[name]
 
   def reader(self, name):
@@ -116,7 +116,8 @@ class SmolLM2World:
     competence.json, W/competence/smollm2.json); {} without fine-tuned readers."""
     if not self.finetuned:
       return {}
-    from ceu_jax.finetune import trace_task
+    from ceu_jax.audits.traces import competence as comp
+    from ceu_jax.audits.traces import finetune
     out = {}
     for r in self.readers:
       if r != PLAIN:
@@ -124,11 +125,11 @@ class SmolLM2World:
         continue
       tc = self.train_config(self.finetuned[0])   # the same held-out problems and budget
       key = dict(eval=tc.eval.to_dict(), step=0, base=True)
-      out[r] = trace_task.competence_cached(
+      out[r] = comp.competence_cached(
           os.path.join(self.workdir, 'competence', f'{r}.json'), key,
-          lambda tc=tc: trace_task.competence(self.reader(r), tc, trace_task.domain(tc),
-                                              trace_task.eval_items(tc)))
-      self.log(trace_task.fmt_competence(r, out[r]))
+          lambda tc=tc: comp.competence(self.reader(r), tc, finetune.domain(tc),
+                                        finetune.eval_items(tc)))
+      self.log(comp.fmt_competence(r, out[r]))
     return out
 
   def describe(self) -> str:

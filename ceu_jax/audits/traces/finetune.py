@@ -2,6 +2,10 @@
 
   python -m experiments.train_smollm2_traces --config configs/smollm2_traces.py:tiny --workdir W
 
+With `competence` (the check before the audit and `run`), the one part of the trace audit
+that reaches training (as `ceu_jax.audits.trained` is World A's): the task depends on the
+audit's domain, and the audit's World B trains it.
+
 `SmolLM2TraceTask(config)` is a `ceu_jax.train.task.CustomTask` in the one loop
 (`train_and_evaluate(config, workdir, custom=task)`), shaped as `finetune.task.SmolLM2CERTask`:
 LoRA adapters (`pretrained/lora.py`; the instruction-tuned weights are the loss's frozen
@@ -34,26 +38,19 @@ among the first data.n_excluded audit items, the demonstrations or the held-out 
 never trained on (row r then reads index r + j·REPLACE for the first j that is not), and
 the held-out items skip the audit's and the demonstrations' problems.
 
-Competence before audit (`competence`): greedy traces of eval.num_examples held-out
-uncorrupted problems through the audit's prompt, parse and stop rules: parse rate,
-answer accuracy (unparsed = wrong), own-trace consistency; and on the same problems with a
-corrupted step forced (Strength 1 edits): how often the answer is the implied one (follow)
-and how often the gold. `competent` = accuracy >= eval.min_accuracy and parse rate >=
-eval.min_parse_rate. `run` trains unless W holds a completed run, then writes
-W/competence.json (reused while the eval section and checkpoint step are unchanged).
+The competence check before the audit and the run (train unless done, then the check):
+`ceu_jax.audits.traces.competence`.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ceu_jax import fields, io
+from ceu_jax import fields
 from ceu_jax import sharding as sharding_lib
 from ceu_jax.audits.traces import audit as ts
 from ceu_jax.audits.traces import arithmetic as ar
@@ -372,115 +369,3 @@ class SmolLM2TraceTask:
     bs = int(batch_size or self.config.eval.batch_size)
     return SmolLM2Reader({'params': params}, self.model_config, self.tokenizer,
                          settings=DecodeSettings(batch_size=bs))
-
-
-# ----------------------------------------------------------------------------
-# Competence and the run.
-# ----------------------------------------------------------------------------
-
-
-def competence(reader, config: Any, dom: ar.ArithmeticDomain,
-               items: Sequence[ar.ArithItem]) -> dict:
-  """The competence check of a reader on held-out problems (module doc)."""
-  t0, e, p = time.time(), config.eval, dom.primer
-  budget = int(e.max_new_tokens)
-  ids = [x.id for x in items]
-  gens = reader.generate([dom.prompt(x) for x in items], max_new_tokens=budget,
-                         stop=dom.stop, ids=ids)
-  parsed = correct = own = 0
-  for x, g in zip(items, gens):
-    tr = None if dom.cut(g) else dom.parse(p + g.text)
-    if tr is None:
-      continue
-    parsed += 1
-    correct += dom.similarity(tr.answer, x.answer) == 1.0
-    imp = ar.implied(x, tr.steps).answer
-    own += imp is not None and dom.similarity(tr.answer, str(imp)) == 1.0
-  rows = []
-  for i, x in enumerate(items):   # one Strength-1 corruption per item (seeded)
-    _, k, tau = draw(int(config.seed), EVAL_SALT, i, len(x.ops), tuple(config.data.taus))
-    row = make_row(dom, x, 'following', k, tau)
-    if row.k and row.implied != row.gold:
-      rows.append(row)
-  conts = reader.continue_from([r.prompt for r in rows],
-                               [[s for s in (r.kept, r.block) if s] for r in rows],
-                               max_new_tokens=budget, stop=dom.stop,
-                               ids=[(r.item.id, r.k, r.tau) for r in rows]) if rows else []
-  c_parsed = follow = gold = 0
-  for r, g in zip(rows, conts):
-    tr = None if dom.cut(g) else dom.parse(p + r.forced + g.text)
-    if tr is None:
-      continue
-    c_parsed += 1
-    follow += dom.similarity(tr.answer, r.implied) == 1.0
-    gold += dom.similarity(tr.answer, r.gold) == 1.0
-  n = len(items)
-  rate = lambda a, b: a / b if b else None
-  out = dict(n=n, n_parsed=parsed, parse_rate=parsed / n, accuracy=correct / n,
-             accuracy_parsed=rate(correct, parsed), own_trace=rate(own, parsed),
-             corrupted=dict(n=len(rows), n_parsed=c_parsed, parse_rate=rate(c_parsed, len(rows)),
-                            follow=rate(follow, c_parsed), gold=rate(gold, c_parsed)),
-             min_accuracy=float(e.min_accuracy), min_parse_rate=float(e.min_parse_rate),
-             wall_s=round(time.time() - t0, 1))
-  out['competent'] = bool(out['accuracy'] >= out['min_accuracy']
-                          and out['parse_rate'] >= out['min_parse_rate'])
-  return out
-
-
-def fmt_competence(name: str, c: dict) -> str:
-  f = lambda v: '—' if v is None else f'{v:.3f}'
-  k = c['corrupted']
-  return (f"{name}: {'competent' if c['competent'] else 'NOT competent'} on {c['n']} held-out "
-          f"problems: answer accuracy {f(c['accuracy'])} (>= {c['min_accuracy']}), parse rate "
-          f"{f(c['parse_rate'])} (>= {c['min_parse_rate']}), own-trace {f(c['own_trace'])}; "
-          f"corrupted step forced ({k['n']}): follow {f(k['follow'])}, gold {f(k['gold'])}, "
-          f"parse {f(k['parse_rate'])}")
-
-
-def restore_trainable(task: SmolLM2TraceTask, workdir: str) -> tuple[Any, int]:
-  """(trained tree, step) of the newest valid checkpoint of `workdir` (read-only)."""
-  from ceu_jax.train import loop
-  from ceu_jax.train import state as state_lib
-  c = task.config
-  mesh = sharding_lib.make_mesh(c.sharding)
-  tx = state_lib.make_optimizer(c.train)
-  abstract, _ = sharding_lib.state_layout(loop.custom_init_fn(task, tx), jax.random.PRNGKey(0),
-                                          mesh, sharding_lib.rules(c.sharding))
-  state, step, _ = loop.restore_read_only(c, workdir, abstract)
-  return jax.device_get(state.params), int(step)
-
-
-def competence_cached(path: str, key: dict, compute: Callable[[], dict]) -> dict:
-  """W/…/competence.json when it was computed for `key` (eval section, step), else computed."""
-  if os.path.exists(path):
-    old = io.read_json(path)
-    if old.get('key') == key:
-      return old
-  out = dict(compute(), key=key)
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  io.write_json_atomic(path, out)
-  return out
-
-
-def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=None,
-        fresh: bool = False, task: Optional[SmolLM2TraceTask] = None) -> dict:
-  """Train unless `workdir` holds a completed run, then the competence check (cached in
-  W/competence.json). Returns {trained, step, competence, reader}."""
-  from ceu_jax import workdir as workdir_lib
-  from ceu_jax.train import loop
-  task = task or SmolLM2TraceTask.from_config(config, load=load)
-  trained = False
-  if fresh or not workdir_lib.run_info(workdir)['completed']:
-    t0 = time.time()
-    log(f'training smollm2_{config.data.regime} ({int(config.train.num_steps)} steps) in '
-        f'{workdir}')
-    loop.train_and_evaluate(config, workdir, custom=task, fresh=fresh)
-    log(f'trained smollm2_{config.data.regime} in {time.time() - t0:.0f} s')
-    trained = True
-  tree, step = restore_trainable(task, workdir)
-  reader = task.reader(lora_lib.merged(tree, task.base, task.lora))
-  key = dict(eval=config.eval.to_dict(), step=step)
-  comp = competence_cached(os.path.join(workdir, 'competence.json'), key,
-                           lambda: competence(reader, config, task.domain, eval_items(config)))
-  log(fmt_competence(f'smollm2_{config.data.regime}', comp))
-  return dict(trained=trained, step=step, competence=comp, reader=reader)
