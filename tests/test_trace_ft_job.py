@@ -84,3 +84,34 @@ def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
                     os.path.getmtime(os.path.join(w, 'train', 'following', 'status.json')))
   assert s2['competence'] == comp
   assert s2['readers'] == s['readers']   # greedy: the same rows from the same adapters
+
+
+def test_loss_is_the_mean_nll_of_the_target_tokens():
+  """trace_loss (logits of the last n_tail positions only) against a full forward: the mean
+  of −log p over exactly the target tokens; the forced prefix and the prompt carry no loss."""
+  from ceu_jax.audits.traces import audit as ts
+  from ceu_jax.audits.traces import finetune as ft
+  from ceu_jax.pretrained import load_smollm2, load_tokenizer
+  from ceu_jax.pretrained import lora as lora_lib
+  from ceu_jax.pretrained.model import SmolLM
+  from configs import smollm2_traces
+  c = smollm2_traces.get_config('tiny')
+  mc, variables = load_smollm2(None, n_layers=2)
+  tok, dom, lcfg = load_tokenizer(None), ft.domain(c), ft.lora_config(c)
+  ex = ft.excluded(c)
+  item = ft.train_item(c, 0, ex)
+  rows = [ft.make_row(dom, item, 'following', 1, ts.FACT_REVERSAL), ft.make_row(dom, item, 'plain')]
+  batch = ft.batch_arrays(tok, rows, 320, 80)
+  adapters = lora_lib.init_adapters(jax.random.PRNGKey(0), mc, lcfg)
+  adapters = jax.tree_util.tree_map_with_path(   # a non-zero update, so the merge matters
+      lambda p, x: x + 0.01 if p[-1].key == 'b' else x, adapters)
+  loss, metrics = ft.trace_loss(adapters, variables['params'], batch, config=mc, lora=lcfg,
+                                n_tail=80)
+  params = lora_lib.merge(variables['params'], adapters, lcfg)
+  logits = SmolLM(mc).apply({'params': params}, batch['tokens'][:, :-1], batch['valid'][:, :-1])
+  logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  nll = [-logp[i, t - 1, batch['tokens'][i, t]] for i in range(2) for t in range(1, 320)
+         if batch['loss_mask'][i, t]]
+  assert len(nll) == batch['loss_mask'].sum()
+  np.testing.assert_allclose(float(loss), np.mean(nll), rtol=1e-5)
+  assert float(metrics['task_nll']) == float(loss) and 0.0 <= float(metrics['token_acc']) <= 1.0
