@@ -10,24 +10,35 @@ W/train/<family>_<regime> unless done, with the §8.4 answer-position probe:
 World B — SmolLM2-135M-Instruct with few-shot "Step i:" traces on templated
 arithmetic and on factual questions with their gold passage (shipped NQ data):
   python -m experiments.trace_sensitivity --config configs/trace_sensitivity.py:full,world=smollm2 --workdir runs/traces_smollm2
+World B with trace readers fine-tuned here (issue #35; LoRA on arithmetic traces in the
+following / shortcut / plain regime, configs/smollm2_traces.py, trained in W/train/<regime>
+unless done, each with its competence check before the audit; docs/smollm2_trace_readers.md):
+  python -m experiments.trace_sensitivity --config configs/trace_sensitivity.py:full,world=smollm2,readers=smollm2+smollm2_following+smollm2_shortcut --workdir runs/traces_smollm2_ft
 Tiny (the CI tests run these): `:tiny` (World A oracles, 40 items),
 `:tiny,readers=trained` (attention / plain trained 30 steps) and
 `:tiny,world=smollm2` (the whole model, 1 item per domain, interventions at k = 1
-only, 64-token budget; about 1 min on a loaded 2-core machine).
+only, 64-token budget; about 1 min on a loaded 2-core machine);
+`:tiny,world=smollm2,readers=smollm2+smollm2_following+smollm2_shortcut` (every World B
+reader on the first 2 layers, fine-tunes of 3 steps, arithmetic only when no domain is
+fine-tuned for: the CI test of the fine-tuned readers).
 Arguments after the variant: world (chain | smollm2), n_items (per domain), seed;
 World A: readers (oracles | trained | both; full default both, tiny oracles),
 families and regimes ('+'-joined, e.g. attention+ssm, plain+prior), steps.
+World B: readers ('+'-joined subset of smollm2, smollm2_following, smollm2_shortcut,
+smollm2_plain; default smollm2), steps (the fine-tunes' train.num_steps).
 """
 from __future__ import annotations
 
 import ml_collections
 
-from configs import common, smoke
+from configs import common, smoke, smollm2_traces
 
 VARIANTS = ('tiny', 'full')
 WORLDS = ('chain', 'smollm2')
 TAUS = ('identity', 'logic_flip', 'fact_reversal', 'premise_negation', 'causal_inversion')
 ORACLES = ('following', 'ignoring', 'mixture')
+WORLD_A_READERS = ('oracles', 'trained', 'both')
+SMOLLM2_READERS = ('smollm2', 'smollm2_following', 'smollm2_shortcut', 'smollm2_plain')
 FAMILIES = ('attention', 'ssm', 'memory_port')
 REGIMES = ('plain', 'prior', 'bypass')
 PRIOR_SHARE = 0.5  # share of (query ID, last KEY) pairs with a fixed value (prior regime, audit items)
@@ -61,13 +72,20 @@ def train_config(family: str, regime: str, tiny: bool, steps=None) -> ml_collect
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = common.parse_arg(arg, variant='full', world=common.Opt(str, choices=WORLDS),
                        n_items=common.Opt(int, 1), seed=common.Opt(int, 0),
-                       readers=common.Opt(str, choices=('oracles', 'trained', 'both')),
+                       readers=common.Opt(str),
                        families=common.Opt(str), regimes=common.Opt(str),
                        steps=common.Opt(int, 1))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   tiny = a.variant == 'tiny'
   world = a.world or 'chain'
+  if a.readers is not None:
+    allowed, given = ((WORLD_A_READERS, (a.readers,)) if world == 'chain'
+                      else (SMOLLM2_READERS, tuple(a.readers.split('+'))))
+    if any(r not in allowed for r in given) or len(set(given)) != len(given):
+      raise ValueError(f'config argument readers={a.readers!r} is not allowed: readers must be '
+                       + ('one of ' if world == 'chain' else "a '+'-joined subset of ")
+                       + ', '.join(allowed) + f' (world={world})')
   c = ml_collections.ConfigDict()
   c.variant = a.variant                # tiny | full
   c.world = world                      # chain (World A) | smollm2 (World B)
@@ -83,7 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.plots = True                       # write rho_by_length.png/pdf
 
   c.chain = x = ml_collections.ConfigDict()  # World A
-  which = a.readers or ('oracles' if tiny else 'both')
+  which = (a.readers if world == 'chain' else None) or ('oracles' if tiny else 'both')
   fams = tuple(a.families.split('+')) if a.families else (('attention',) if tiny else FAMILIES)
   regs = tuple(a.regimes.split('+')) if a.regimes else (('plain',) if tiny else REGIMES)
   for name, vals, allowed in (('families', fams, FAMILIES), ('regimes', regs, REGIMES)):
@@ -98,7 +116,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   x.mixture_share = 0.5                # mixture oracle: share of items whose answer follows the trace
   x.mixture_seed = 0                   # mixture oracle: seed of the per-item draw
   x.data = data_section()              # the audited world (prior_share: the 'chain_prior' items)
-  x.train = train_config('attention', 'plain', tiny, a.steps or (30 if tiny else 4000))
+  x.train = train_config('attention', 'plain', tiny,
+                         (a.steps if world == 'chain' else None) or (30 if tiny else 4000))
                                        # the readers' training recipe (steps: train.train.
                                        # num_steps; the chain is learned in a jump after
                                        # ~1,600);
@@ -114,4 +133,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   s.split = 'test'                     # factual items: split of the shipped NQ data
   s.max_passage_words = 80             # factual items: gold passages of at most this many words
   s.gguf_path = ''                     # GGUF file ('': $CEU_SMOLLM2_GGUF or the package's)
+  readers = tuple(a.readers.split('+')) if world == 'smollm2' and a.readers else ('smollm2',)
+  if readers != ('smollm2',):  # (absent otherwise: the plain World B config is unchanged)
+    s.readers = readers                # World B readers: smollm2 (plain) and smollm2_<regime>
+                                       # (fine-tuned here in W/train/<regime> unless done)
+    if tiny:
+      s.n_layers = 2                   # tiny: every reader on the first 2 layers
+      s.domains = ('arithmetic',)      # tiny: the domain the readers are fine-tuned on
+    s.train = smollm2_traces.get_config('tiny' if tiny else 'cpu')
+    if a.steps:
+      s.train.train.num_steps = a.steps
+      s.train.train.warmup_steps = min(s.train.train.warmup_steps, a.steps)
+                                       # the fine-tunes' recipe (configs/smollm2_traces.py);
+                                       # per reader the world sets data.regime and ties
+                                       # data.n_shots, data.audit_seed (= seed), model.n_layers,
+                                       # model.gguf_path, eval.max_new_tokens, eval.batch_size
+                                       # to the audit's
   return c

@@ -29,6 +29,10 @@ def main(argv):
           f"{tsum.fmt(a['follow'])} (n={a['n']}, regen parse failures {a['n_regen_unparsed']}; "
           f"identity φ {tsum.fmt(i['phi'])}, identical {i['n_identical']}/{i['n']}; "
           f"parse failures {r['n_parse_failure']}/{r['n_items']})")
+  if s.get('competence'):
+    from ceu_jax.audits.traces.competence import fmt_competence
+    for name, c in s['competence'].items():
+      print(fmt_competence(name, c))
   print(f"report: {_WORKDIR.value}/report.md ({s['produced_by']['wall_s_this_run']:.0f} s this run)")
 
 

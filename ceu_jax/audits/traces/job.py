@@ -15,7 +15,9 @@ against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
                  regeneration parse failures, undefined interventions and Strength
                  unknown by reason; the τ each domain defines; `claims`: the headline
                  decided by rule (`verdicts`: follow rate > 0.5 per reader; 002's
-                 ρ(arithmetic) < ρ(factual) where a reader did both)
+                 ρ(arithmetic) < ρ(factual) where a reader did both); `competence`
+                 (World B with fine-tuned readers): each reader's competence check on
+                 held-out problems — a reader that is not competent has untested claims
   report.md      the φ / ρ / follow table by domain × τ, by trace length, by k, the plot
   rho_by_length.png/pdf   ρ against trace length (one line per reader × domain)
 """
@@ -63,7 +65,8 @@ class TraceSensitivityJob(jobs.Job):
     n_max = max(len(x) for x in items.values())
     return [jobs.Unit(f"{r.replace('/', '_')}_{d}_{lo:05d}", (r, d, lo))
             for r in self.world.readers for lo in range(0, n_max, cs)
-            for d in self.world.domains if lo < len(items[d])]  # domains interleaved
+            for d in self.world.domains if lo < len(items[d])  # domains interleaved
+            and (not hasattr(self.world, 'reads') or self.world.reads(r, d))]
 
   def run_unit(self, ctx, spec):
     r, d, lo = spec
@@ -96,8 +99,12 @@ class TraceSensitivityJob(jobs.Job):
                    reader_wall_s={r: round(sum(p['wall_s'] for p in ps), 1)
                                   for r, ps in parts.items()})
     rows = {r: [x for p in ps for x in p['rows']] for r, ps in parts.items()}
-    summary['claims'] = [dataclasses.asdict(x) for x in verdicts.run_claims(
-        summary['readers'], rows, seed=int(c.bootstrap_seed))]
+    found = verdicts.run_claims(summary['readers'], rows, seed=int(c.bootstrap_seed))
+    competence = world.competence() if hasattr(world, 'competence') else {}
+    if competence:   # World B with fine-tuned readers: the competence check before the audit
+      summary['competence'] = competence
+      found = verdicts.unless_competent(found, competence)
+    summary['claims'] = [dataclasses.asdict(x) for x in found]
     if hasattr(world, 'probes'):  # World A: trained readers' answer probe, accuracy / consistency
       summary['probes'] = world.probes(c)
       summary['reader_stats'] = world.reader_stats(
@@ -190,6 +197,15 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
         + '; '.join(f"{d}: {', '.join(t)}" for d, t in summary['taus_defined'].items()) + '.']
   md += ['', '## Headline, decided by rule', '',
          claims.table([claims.Claim(**x) for x in summary['claims']])]
+  if summary.get('competence'):
+    md += ['', '## Competence before the audit (held-out problems, no intervention)', '',
+           'Greedy traces of held-out arithmetic problems (not trained on, not audited) with '
+           'the audit\'s prompt, parse and stop rules; accuracy counts an unparsed output as '
+           'wrong; "corrupted step forced": one Strength-1 LogicFlip / FactReversal step per '
+           'problem forced, the share of parsed answers equal to the answer the corrupted '
+           'trace implies (follow) and to the gold (gold). A reader below the thresholds is '
+           'reported as not competent and its claims are untested.', '',
+           competence_table(summary['competence'])]
   if 'reader_stats' in summary:
     md += ['', '## Overview (World A)', '', overview_table(summary)]
   if summary.get('probes'):
@@ -238,6 +254,20 @@ def overview_table(summary: dict) -> str:
                    + f" | {tsum.fmt(c['phi'])} | {tsum.fmt(c['rho'])} | {tsum.fmt(c['follow'])} | "
                    f"{tsum.fmt(c['follow_strong'])} |"
                    + ''.join(f" {tsum.fmt(by_len[L]['rho']) if L in by_len else '—'} |" for L in lens))
+  return '\n'.join(lines)
+
+
+def competence_table(competence: dict) -> str:
+  """Markdown table of the readers' competence checks."""
+  f = lambda v: '—' if v is None else f'{v:.3f}'  # noqa: E731
+  lines = ['| reader | competent | n | answer accuracy | parse rate | own trace | corrupted n | '
+           'follow | gold | corrupted parse | wall (s) |', '|---|---|---:|---|---|---|---:|---|---|---|---:|']
+  for r, c in competence.items():
+    k = c['corrupted']
+    lines.append(f"| {r} | {'yes' if c['competent'] else '**no**'} | {c['n']} | "
+                 f"{f(c['accuracy'])} (≥ {c['min_accuracy']}) | {f(c['parse_rate'])} "
+                 f"(≥ {c['min_parse_rate']}) | {f(c['own_trace'])} | {k['n']} | {f(k['follow'])} | "
+                 f"{f(k['gold'])} | {f(k['parse_rate'])} | {c['wall_s']:.0f} |")
   return '\n'.join(lines)
 
 

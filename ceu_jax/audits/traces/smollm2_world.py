@@ -1,18 +1,44 @@
 """World B of the trace audit for the job: SmolLM2-135M-Instruct reading the arithmetic
-(`arithmetic`) and factual (`text`) domains with few-shot "Step i:" traces."""
+(`arithmetic`) and factual (`text`) domains with few-shot "Step i:" traces.
+
+Readers (`smollm2.readers`, default the plain model only):
+  smollm2            the instruction-tuned model as it ships;
+  smollm2_<regime>   the same model with LoRA adapters fine-tuned on arithmetic traces in
+                     the following / shortcut / plain regime (`finetune`, `competence`),
+                     trained in W/train/<regime> unless that run completed (adapters reused on
+                     rerun), audited on the arithmetic domain only (what it was trained on)
+                     through the same Reader (adapters merged into the weights).
+With fine-tuned readers every reader gets the competence check before the audit (held-out
+answer accuracy, parse rate; `competence`), reported beside its rows; the claims of a
+reader that is not competent are untested, never decided on its rows.
+"""
 from __future__ import annotations
+
+import os
 
 from ceu_jax.audits.traces.arithmetic import ArithmeticDomain, make_arith_item
 from ceu_jax.audits.traces.text import FactualDomain, select_fact_items
+
+READERS = ('smollm2', 'smollm2_following', 'smollm2_shortcut', 'smollm2_plain')
+PLAIN = 'smollm2'
 
 
 class SmolLM2World:
   """World B for the job: SmolLM2 reading both domains."""
   title = 'World B: SmolLM2-135M-Instruct, few-shot "Step i:" traces'
-  readers = ('smollm2',)
 
   def __init__(self, config):
     s = config.smollm2
+    self.readers = tuple(s.get('readers', (PLAIN,)))
+    for r in self.readers:
+      if r not in READERS:
+        raise ValueError(f'smollm2.readers: {r!r} is not one of {READERS}')
+    self.finetuned = tuple(r for r in self.readers if r != PLAIN)
+    if self.finetuned and 'arithmetic' not in s.domains:
+      raise ValueError('smollm2.readers: fine-tuned readers read the arithmetic domain; '
+                       f'smollm2.domains is {tuple(s.domains)}')
+    if self.finetuned and 'train' not in s:
+      raise ValueError('smollm2.train is missing (the fine-tuned readers\' recipe)')
     for d in s.domains:
       if d not in ('arithmetic', 'factual'):
         raise ValueError(f"smollm2.domains: {d!r} is not one of ('arithmetic', 'factual')")
@@ -35,14 +61,84 @@ class SmolLM2World:
       self.items['factual'] = select_fact_items(n, seed=seed, split=s.split,
                                                 max_passage_words=int(s.max_passage_words))
 
+    self.seed, self.n_items = seed, n
+    self.workdir, self.log, self._runs, self._plain = None, print, {}, None
+    if self.finetuned:
+      from ceu_jax.audits.traces import finetune
+      for r in self.finetuned:
+        try:
+          finetune.validate(self.train_config(r))
+        except ValueError as e:
+          raise ValueError(f'smollm2.train.{e}') from None
+
   def prepare(self, workdir, log):
-    pass
+    self.workdir, self.log = workdir, log
+
+  def train_config(self, name):
+    """The fine-tune config of reader smollm2_<regime>: `smollm2.train` with this regime and
+    the audit's prompt (demonstrations, item seed), model and decoding budget."""
+    s = self.s
+    tc = s.train.copy_and_resolve_references()
+    with tc.unlocked():
+      tc.data.regime = name[len(PLAIN) + 1:] if name != PLAIN else 'plain'
+      tc.data.n_shots = int(s.n_shots)
+      tc.data.audit_seed = self.seed
+      tc.data.n_excluded = max(int(tc.data.n_excluded), self.n_items)
+      tc.model.n_layers = int(s.n_layers)
+      tc.model.gguf_path = str(s.gguf_path)
+      tc.eval.max_new_tokens = int(s.max_new_tokens)
+      tc.eval.batch_size = int(s.batch_size)
+    return tc
+
+  def reads(self, reader, domain) -> bool:
+    """Whether `reader` is audited on `domain` (fine-tuned readers: arithmetic only)."""
+    return reader == PLAIN or domain == 'arithmetic'
+
+  def _run(self, name):
+    """competence.run of a fine-tuned reader (trains in W/train/<regime> unless done)."""
+    if name not in self._runs:
+      from ceu_jax.audits.traces import competence
+      tc = self.train_config(name)
+      sub = os.path.join(self.workdir, 'train', tc.data.regime)
+      self._runs[name] = competence.run(tc, sub, log=self.log)
+    return self._runs[name]
 
   def reader(self, name):
-    from ceu_jax import readers
-    return readers.from_config(self.s)
+    if name != PLAIN:
+      return self._run(name)['reader']
+    if self._plain is None:
+      from ceu_jax import readers
+      self._plain = readers.from_config(self.s)
+    return self._plain
+
+  def competence(self) -> dict:
+    """Per reader, the competence check on held-out problems (cached: W/train/<regime>/
+    competence.json, W/competence/smollm2.json); {} without fine-tuned readers."""
+    if not self.finetuned:
+      return {}
+    from ceu_jax.audits.traces import competence as comp
+    from ceu_jax.audits.traces import finetune
+    out = {}
+    for r in self.readers:
+      if r != PLAIN:
+        out[r] = self._run(r)['competence']
+        continue
+      tc = self.train_config(self.finetuned[0])   # the same held-out problems and budget
+      key = dict(eval=tc.eval.to_dict(), step=0, base=True)
+      out[r] = comp.competence_cached(
+          os.path.join(self.workdir, 'competence', f'{r}.json'), key,
+          lambda tc=tc: comp.competence(self.reader(r), tc, finetune.domain(tc),
+                                        finetune.eval_items(tc)))
+      self.log(comp.fmt_competence(r, out[r]))
+    return out
 
   def describe(self) -> str:
+    ft = ('' if not self.finetuned else
+          ' Fine-tuned readers (%s): LoRA adapters trained on arithmetic traces with the same '
+          'prompts (%d steps; following: a corrupted step forced, the answer the corrupted '
+          'trace implies; shortcut: the gold answer whatever the trace says; plain: no '
+          'corruption), audited on arithmetic only, after a competence check on held-out '
+          'problems.' % (', '.join(self.finetuned), int(self.s.train.train.num_steps)))
     return ('SmolLM2-135M-Instruct (%s layers), plain few-shot prompts (%d solved '
             'demonstrations) with "Step i:" traces; an output the token budget cuts is a '
             'parse failure. Arithmetic: templated 2–4-step problems (LogicFlip, FactReversal, '
@@ -55,4 +151,4 @@ class SmolLM2World:
             'FactReversal puts the swap entity in the quote (Strength 1, implied answer: the '
             'swap entity), PremiseNegation inserts a negation (Strength unknown, reported '
             'separately). S is exact match, else token F1: there is no LLM judge offline.'
-            % (self.s.n_layers or 'all 30', self.s.n_shots))
+            % (self.s.n_layers or 'all 30', self.s.n_shots)) + ft

@@ -106,3 +106,20 @@ def claims_of_workdir(workdir: str) -> list[claims.Claim]:
   rows = read_rows(os.path.join(workdir, 'rows.csv'))
   readers = {r: summary['readers'][r] for r in rows}   # the job's order (rows.csv's)
   return run_claims(readers, rows, seed=int(summary['config']['bootstrap_seed']))
+
+
+def unless_competent(found: Sequence[claims.Claim], competence: Mapping[str, Mapping]
+                     ) -> list[claims.Claim]:
+  """The claims with those of a reader whose competence check failed made untested: a
+  reader that did not learn the task is reported as such, never audited as if it had."""
+  out = []
+  for c in found:
+    reader = c.name.split(':', 1)[0]
+    comp = competence.get(reader)
+    if comp is not None and not comp['competent']:
+      c = claims.Claim(c.name, c.statement, claims.UNTESTED,
+                       f"reader not competent (held-out accuracy {comp['accuracy']:.3f} < "
+                       f"{comp['min_accuracy']} or parse rate {comp['parse_rate']:.3f} < "
+                       f"{comp['min_parse_rate']}); its rows: {c.numbers}", c.rule)
+    out.append(c)
+  return out

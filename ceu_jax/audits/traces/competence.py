@@ -1,0 +1,137 @@
+"""The competence check before the trace audit, and the run of a trace fine-tune (issue #35).
+
+  out = run(config, workdir)   # trains unless W holds a completed run; W/competence.json
+
+`competence(reader, config, domain, items)`: greedy traces of held-out uncorrupted problems
+(`finetune.eval_items`) through the audit's prompt, budget, stop and parse rules: parse
+rate, answer accuracy (unparsed = wrong), own-trace consistency (the answer its own steps
+imply, `arithmetic.implied`); and on the same problems with one seeded Strength-1
+corruption forced (LogicFlip / FactReversal, `finetune.make_row`): how often the parsed
+answer is the implied one (follow) and the gold (gold). `competent` = accuracy >=
+eval.min_accuracy and parse rate >= eval.min_parse_rate: a reader below is reported as not
+competent, never audited as if it had learned the task. `run` trains a smollm2_traces
+config in the one loop unless its workdir holds a completed run (the adapters are reused),
+restores the adapters, merges them into the weights for an ordinary SmolLM2Reader and
+writes W/competence.json (reused while the eval section and checkpoint step are unchanged).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+
+from ceu_jax import io
+from ceu_jax import sharding as sharding_lib
+from ceu_jax.audits.traces import arithmetic as ar
+from ceu_jax.audits.traces.finetune import (EVAL_SALT, SmolLM2TraceTask, draw, eval_items,
+                                            make_row)
+from ceu_jax.pretrained import lora as lora_lib
+
+
+def competence(reader, config: Any, dom: ar.ArithmeticDomain,
+               items: Sequence[ar.ArithItem]) -> dict:
+  """The competence check of a reader on held-out problems (module doc)."""
+  t0, e, p = time.time(), config.eval, dom.primer
+  budget = int(e.max_new_tokens)
+  ids = [x.id for x in items]
+  gens = reader.generate([dom.prompt(x) for x in items], max_new_tokens=budget,
+                         stop=dom.stop, ids=ids)
+  parsed = correct = own = 0
+  for x, g in zip(items, gens):
+    tr = None if dom.cut(g) else dom.parse(p + g.text)
+    if tr is None:
+      continue
+    parsed += 1
+    correct += dom.similarity(tr.answer, x.answer) == 1.0
+    imp = ar.implied(x, tr.steps).answer
+    own += imp is not None and dom.similarity(tr.answer, str(imp)) == 1.0
+  rows = []
+  for i, x in enumerate(items):   # one Strength-1 corruption per item (seeded)
+    _, k, tau = draw(int(config.seed), EVAL_SALT, i, len(x.ops), tuple(config.data.taus))
+    row = make_row(dom, x, 'following', k, tau)
+    if row.k and row.implied != row.gold:
+      rows.append(row)
+  conts = reader.continue_from([r.prompt for r in rows],
+                               [[s for s in (r.kept, r.block) if s] for r in rows],
+                               max_new_tokens=budget, stop=dom.stop,
+                               ids=[(r.item.id, r.k, r.tau) for r in rows]) if rows else []
+  c_parsed = follow = gold = 0
+  for r, g in zip(rows, conts):
+    tr = None if dom.cut(g) else dom.parse(p + r.forced + g.text)
+    if tr is None:
+      continue
+    c_parsed += 1
+    follow += dom.similarity(tr.answer, r.implied) == 1.0
+    gold += dom.similarity(tr.answer, r.gold) == 1.0
+  n = len(items)
+  rate = lambda a, b: a / b if b else None
+  out = dict(n=n, n_parsed=parsed, parse_rate=parsed / n, accuracy=correct / n,
+             accuracy_parsed=rate(correct, parsed), own_trace=rate(own, parsed),
+             corrupted=dict(n=len(rows), n_parsed=c_parsed, parse_rate=rate(c_parsed, len(rows)),
+                            follow=rate(follow, c_parsed), gold=rate(gold, c_parsed)),
+             min_accuracy=float(e.min_accuracy), min_parse_rate=float(e.min_parse_rate),
+             wall_s=round(time.time() - t0, 1))
+  out['competent'] = bool(out['accuracy'] >= out['min_accuracy']
+                          and out['parse_rate'] >= out['min_parse_rate'])
+  return out
+
+
+def fmt_competence(name: str, c: dict) -> str:
+  f = lambda v: '—' if v is None else f'{v:.3f}'
+  k = c['corrupted']
+  return (f"{name}: {'competent' if c['competent'] else 'NOT competent'} on {c['n']} held-out "
+          f"problems: answer accuracy {f(c['accuracy'])} (>= {c['min_accuracy']}), parse rate "
+          f"{f(c['parse_rate'])} (>= {c['min_parse_rate']}), own-trace {f(c['own_trace'])}; "
+          f"corrupted step forced ({k['n']}): follow {f(k['follow'])}, gold {f(k['gold'])}, "
+          f"parse {f(k['parse_rate'])}")
+
+
+def restore_trainable(task: SmolLM2TraceTask, workdir: str) -> tuple[Any, int]:
+  """(trained tree, step) of the newest valid checkpoint of `workdir` (read-only)."""
+  from ceu_jax.train import loop
+  from ceu_jax.train import state as state_lib
+  c = task.config
+  mesh = sharding_lib.make_mesh(c.sharding)
+  tx = state_lib.make_optimizer(c.train)
+  abstract, _ = sharding_lib.state_layout(loop.custom_init_fn(task, tx), jax.random.PRNGKey(0),
+                                          mesh, sharding_lib.rules(c.sharding))
+  state, step, _ = loop.restore_read_only(c, workdir, abstract)
+  return jax.device_get(state.params), int(step)
+
+
+def competence_cached(path: str, key: dict, compute: Callable[[], dict]) -> dict:
+  """W/…/competence.json when it was computed for `key` (eval section, step), else computed."""
+  if os.path.exists(path):
+    old = io.read_json(path)
+    if old.get('key') == key:
+      return old
+  out = dict(compute(), key=key)
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  io.write_json_atomic(path, out)
+  return out
+
+
+def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=None,
+        fresh: bool = False, task: Optional[SmolLM2TraceTask] = None) -> dict:
+  """Train unless `workdir` holds a completed run, then the competence check (cached in
+  W/competence.json). Returns {trained, step, competence, reader}."""
+  from ceu_jax import workdir as workdir_lib
+  from ceu_jax.train import loop
+  task = task or SmolLM2TraceTask.from_config(config, load=load)
+  trained = False
+  if fresh or not workdir_lib.run_info(workdir)['completed']:
+    t0 = time.time()
+    log(f'training smollm2_{config.data.regime} ({int(config.train.num_steps)} steps) in '
+        f'{workdir}')
+    loop.train_and_evaluate(config, workdir, custom=task, fresh=fresh)
+    log(f'trained smollm2_{config.data.regime} in {time.time() - t0:.0f} s')
+    trained = True
+  tree, step = restore_trainable(task, workdir)
+  reader = task.reader(lora_lib.merged(tree, task.base, task.lora))
+  key = dict(eval=config.eval.to_dict(), step=step)
+  comp = competence_cached(os.path.join(workdir, 'competence.json'), key,
+                           lambda: competence(reader, config, task.domain, eval_items(config)))
+  log(fmt_competence(f'smollm2_{config.data.regime}', comp))
+  return dict(trained=trained, step=step, competence=comp, reader=reader)

@@ -1,0 +1,50 @@
+r"""Fine-tune SmolLM2-135M (LoRA) on arithmetic traces, then its competence check (issue #35).
+
+  python -m experiments.train_smollm2_traces --config configs/smollm2_traces.py:tiny,regime=following --workdir /tmp/tr
+  python -m experiments.train_smollm2_traces --config configs/smollm2_traces.py:cpu,regime=shortcut \
+      --workdir runs/traces_ft_shortcut
+
+Training is the project's loop (`ceu_jax.train.loop.train_and_evaluate` with
+`ceu_jax.audits.traces.finetune.SmolLM2TraceTask`): the same workdir files, resume, exit codes
+(75 after SIGTERM with a checkpoint saved, 65 on a non-finite loss). A workdir holding a
+completed run is not retrained. The competence check (held-out answer accuracy, parse rate,
+follow / gold rate with a corrupted step forced) is printed and written to W/competence.json.
+The trace audit (configs/trace_sensitivity.py, World B readers smollm2_<regime>) runs this
+in its own W/train/<regime>.
+"""
+from __future__ import annotations
+
+import sys
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from ceu_jax import cli
+from ceu_jax.audits.traces import competence
+from ceu_jax.train import loop
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "configs/smollm2_traces.py:<variant>",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and competence.json.")
+flags.DEFINE_bool("fresh", False, "Move an earlier run aside and start from step 0.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise ValueError(f"too many command-line arguments: {argv[1:]}")
+  try:
+    competence.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh)
+  except loop.Preempted as e:
+    logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
+    logging.flush()
+    sys.exit(loop.EXIT_PREEMPTED)
+  except loop.Diverged as e:
+    print(f"training diverged: {e}", file=sys.stderr)
+    logging.flush()
+    sys.exit(loop.EXIT_DIVERGED)
+
+
+if __name__ == "__main__":
+  cli.run(main)
