@@ -1,0 +1,48 @@
+"""XLA:CPU settings the library applies before JAX's backend starts (imported by `ceu_jax`).
+
+YNNPACK fusions off. jaxlib 0.10 hands some CPU fusions to YNNPACK; on an AMD EPYC host
+(no AVX-512) the compiled gradient of the SmolLM2 CER objective's causal-tail path then
+crashes the process with a segmentation fault at its first execution (the tiny
+`configs/smollm2_cer.py:tiny` run, every CER variant; the forward alone and the
+`cer_path=full` path run). `--xla_cpu_experimental_ynn_fusion_type=` (no YNNPACK fusion)
+makes the same program run (measured 2026-11-28; the tiny CER fine-tunes of
+tests/test_smollm2_cer_train.py and tests/test_smollm2_prior_world.py are the crashing case,
+tests/test_xla_cpu.py checks the setting). The flag is added to XLA_FLAGS only when the user has not set it
+(their value wins) and only for jaxlib >= 0.10, which knows it (XLA aborts on an unknown
+flag). It acts when `ceu_jax` is imported before the first computation, as the entry
+points and tests do; CEU_JAX_YNN=keep leaves XLA_FLAGS alone.
+"""
+from __future__ import annotations
+
+import os
+
+YNN_FLAG = "--xla_cpu_experimental_ynn_fusion_type"
+ENV = "CEU_JAX_YNN"   # 'keep': leave XLA's YNNPACK fusions as they are
+
+
+def _jaxlib_version() -> tuple[int, ...]:
+  try:
+    from jaxlib import version  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return ()
+  out = []
+  for part in version.__version__.split(".")[:2]:
+    digits = "".join(ch for ch in part if ch.isdigit())
+    out.append(int(digits or 0))
+  return tuple(out)
+
+
+def ynn_off_flags(xla_flags: str, jaxlib_version: tuple[int, ...], env: str = "") -> str:
+  """XLA_FLAGS with YNNPACK fusions switched off (see the module doc); unchanged when the
+  user set the flag, when env == 'keep', or for jaxlib older than 0.10."""
+  if env == "keep" or YNN_FLAG in xla_flags or jaxlib_version < (0, 10):
+    return xla_flags
+  return f"{xla_flags} {YNN_FLAG}=".strip()
+
+
+def apply() -> None:
+  """Set os.environ['XLA_FLAGS'] (see `ynn_off_flags`)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  new = ynn_off_flags(flags, _jaxlib_version(), os.environ.get(ENV, ""))
+  if new != flags:
+    os.environ["XLA_FLAGS"] = new

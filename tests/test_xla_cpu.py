@@ -1,0 +1,41 @@
+"""ceu_jax.xla_cpu: YNNPACK fusions off unless the user decides (the SmolLM2 CER crash).
+
+The crash itself is exercised by tests/test_smollm2_cer_train.py and
+tests/test_smollm2_prior_world.py (tiny CER fine-tunes through the entry point), which
+segfaulted on an AMD EPYC host before this setting."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from ceu_jax import xla_cpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_flag_added_once_and_the_users_choice_wins():
+  f = xla_cpu.YNN_FLAG
+  assert xla_cpu.ynn_off_flags("", (0, 10)) == f"{f}="
+  assert xla_cpu.ynn_off_flags("--a=1", (0, 11)) == f"--a=1 {f}="
+  assert xla_cpu.ynn_off_flags(f"{f}=dot", (0, 10)) == f"{f}=dot"   # user's value kept
+  assert xla_cpu.ynn_off_flags("--a=1", (0, 10), "keep") == "--a=1"
+  assert xla_cpu.ynn_off_flags("--a=1", (0, 9)) == "--a=1"          # older jaxlib: unknown flag
+  once = xla_cpu.ynn_off_flags("", (0, 10))
+  assert xla_cpu.ynn_off_flags(once, (0, 10)) == once
+
+
+def test_importing_ceu_jax_sets_xla_flags_before_jax_starts():
+  code = ("import os, ceu_jax, jax; print(os.environ.get('XLA_FLAGS', '')); "
+          "print(float(jax.numpy.ones(3).sum()))")
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_cpu.ENV)}
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"), check=True)
+  flags, total = out.stdout.split("\n")[:2]
+  assert total == "3.0"
+  if xla_cpu._jaxlib_version() >= (0, 10):   # pylint: disable=protected-access
+    assert flags.split() == [f"{xla_cpu.YNN_FLAG}="]
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+                                **{xla_cpu.ENV: "keep"}), check=True)
+  assert out.stdout.split("\n")[0] == ""
