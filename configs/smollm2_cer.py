@@ -74,6 +74,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.max_answer_tokens = 4 if tiny else 6  # n_tail: patched/scored answer positions
   d.substitutes = ('dataset', 'swap_equal', 'drawn')  # D− substitute sources, tried in order
   d.n_draws = 16                   # drawn same-type substitutes tried per item
+  d.answer_end = '\n'              # trained after each answer: the reader learns to stop where the
+                                   # evaluation's greedy answer ends ('' = the answer alone: runs
+                                   # before this field, whose answers ran on; docs/smollm2_cer.md)
   if a.world:
     # The memorisable-prior world (issue #36): its fields are defined and checked once in
     # ceu_jax.data.factqa.prior_world.WorldConfig.

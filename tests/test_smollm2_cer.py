@@ -8,6 +8,7 @@ is refused before anything compiles, naming the field or the item.
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -244,6 +245,48 @@ def test_misaligned_pair_from_text_is_refused_before_compiling():
       'Context:', 'Context: a few more words here'))
   with pytest.raises(ValueError, match=f'item {bad.id}: D\\+ and D− are not token-aligned'):
     cer_task.batch_arrays(tok, [pairs[0], bad], config.data.max_len)
+
+
+@needs_model
+def test_answer_end_is_one_trained_token_after_the_answer():
+  """data.answer_end = '\\n' (the configs' default) trains one end token after each answer
+  so the reader learns to stop where the evaluation's greedy answer ends: the answer mask
+  covers the answer and that token, n_tail covers it, the probe spans keep their prompt
+  tokens; '' (a config recorded before the field) trains the answer alone, as before."""
+  from ceu_jax.pretrained import load_tokenizer
+  from ceu_jax.pretrained.tokenizer import encode
+  tok = load_tokenizer()
+  config = smollm2_cer.get_config('tiny')
+  assert config.data.answer_end == '\n'
+  pairs, _ = cer_task.build_pairs(tok, config, 'train', limit=3)
+  t = int(config.data.max_len)
+  plain = cer_task.batch_arrays(tok, pairs, t)
+  ended = cer_task.batch_arrays(tok, pairs, t, end='\n')
+  nl = encode(tok, '\n')
+  assert len(nl) == 1
+  assert plain['tokens_p'].shape == (3, t) and ended['tokens_p'].shape == (3, t + 1)
+  for i, p in enumerate(pairs):
+    # the same row shifted left by one, then the end token (D+ and D− alike)
+    for k in ('tokens_p', 'tokens_m'):
+      np.testing.assert_array_equal(ended[k][i, :-1][-p.length:], plain[k][i][-p.length:])
+      assert ended[k][i, -1] == nl[0]
+    assert ended['answer_mask'][i].sum() == p.answer_tokens + 1 == plain['answer_mask'][i].sum() + 1
+    assert ended['answer_mask'][i, -1] and not plain['answer_mask'][i, :-p.answer_tokens].any()
+    for n in C.PROBES:   # the spans point at the same tokens
+      np.testing.assert_array_equal(ended['tokens_p'][i, :-1][ended[f'span_{n}'][i]],
+                                    plain['tokens_p'][i, :-1][plain[f'span_{n}'][i]])
+  task = types.SimpleNamespace(config=config)
+  assert cer_task.SmolLM2CERTask.n_tail.fget(task) == config.data.max_answer_tokens + 1
+  old = smollm2_cer.get_config('tiny')
+  with old.unlocked():
+    del old.data['answer_end']
+  cer_task.validate(old)   # recorded before the field: the answer alone
+  assert cer_task.answer_end(old) == ''
+  assert cer_task.SmolLM2CERTask.n_tail.fget(types.SimpleNamespace(config=old)) == \
+      old.data.max_answer_tokens
+  bad = dataclasses.replace(pairs[0], answer=pairs[0].answer + ' x')  # one more token
+  with pytest.raises(ValueError, match=f'item {bad.id}: data.answer_end'):
+    cer_task.batch_arrays(tok, [bad], t + 4, end='\n')
 
 
 @needs_model

@@ -63,6 +63,7 @@ DATA_FIELDS = {
         s in ('dataset', 'swap_equal', 'drawn') for s in x) else
     "must be a non-empty subset of ('dataset', 'swap_equal', 'drawn')",
     'n_draws': fields.ge(0, True),
+    'answer_end': fields.one_of('', '\n'),
 }
 MODEL_FIELDS = {
     'gguf_path': lambda x: None if isinstance(x, str) else 'must be a path or ""',
@@ -102,6 +103,7 @@ def validate(config: Any) -> None:
   if not fields.is_int(top['seed']) or top['seed'] < 0:
     raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
   data = dict(fields.items_of(config.data))
+  data.setdefault('answer_end', '')   # a config recorded before the field trained no end
   if 'world' in data:   # the memorisable-prior world (optional section)
     prior_world.WorldConfig.from_config(data.pop('world'))
   fields.check_section('data', data, DATA_FIELDS)
@@ -315,14 +317,27 @@ def world_pairs(tok, config: Any) -> tuple[prior_world.World, dict, dict, dict]:
   return world, with_ev, free, report
 
 
-def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int) -> dict:
+def answer_end(config: Any) -> str:
+  """`data.answer_end`: the text trained after every answer ('' in a config recorded
+  before the field existed: those runs trained the answer alone)."""
+  return str(config.data.get('answer_end', ''))
+
+
+def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int, end: str = '') -> dict:
   """The objective's batch (`cer_objective` module doc) of pairs, checked host-side.
 
+  end: text trained after each answer (`data.answer_end`, e.g. '\\n', the evaluation's
+  stop string, so the reader learns where its answer ends). It must add exactly one token
+  (the rows are then padded to pad_to + 1 and n_tail covers it: the answer mask, the task
+  NLL and the CER log-likelihoods include it); the probe spans keep their prompt tokens.
   ValueError naming the item when a pair's D+ and D− rows are not token-aligned
-  (different token counts, or tokens differing outside the evidence span).
+  (different token counts, or tokens differing outside the evidence span), or when the
+  end merges with the answer's last token.
   """
   from ceu_jax.pretrained.tokenizer import encode_batch
-  answers = [p.answer for p in pairs]
+  n_end = 1 if end else 0
+  pad_to = pad_to + n_end
+  answers = [p.answer + end for p in pairs]
   bp = encode_batch(tok, [p.clean_prompt for p in pairs], answers, pad_to=pad_to)
   bm = encode_batch(tok, [p.corrupt_prompt for p in pairs], answers, pad_to=pad_to)
   t_in = pad_to - 1
@@ -332,7 +347,11 @@ def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int) -> dict:
       raise ValueError(f'item {p.id}: D+ and D− are not token-aligned (D+ prompt '
                        f'{bp.prompt_len[i]} tokens, D− {bm.prompt_len[i]}, pair says '
                        f'{p.prompt_tokens})')
-    off = pad_to - p.length
+    if bp.answer_len[i] != p.answer_tokens + n_end:
+      raise ValueError(f'item {p.id}: data.answer_end {end!r} does not add exactly one token '
+                       f'after the answer {p.answer!r} ({p.answer_tokens} tokens alone, '
+                       f'{bp.answer_len[i]} with it)')
+    off = pad_to - p.length - n_end
     for n in obj.PROBES:
       spans[n][i, off + np.asarray(getattr(p, n), int)] = True
   batch = {'tokens_p': bp.tokens, 'tokens_m': bm.tokens, 'valid': bp.valid,
@@ -403,7 +422,8 @@ class SmolLM2CERTask:
 
   @property
   def n_tail(self) -> int:
-    return int(self.config.data.max_answer_tokens)
+    """Trained answer positions: the longest answer, plus its end (data.answer_end)."""
+    return int(self.config.data.max_answer_tokens) + (1 if answer_end(self.config) else 0)
 
   def loss(self, params: Any, frozen: Any, batch: dict, rng: jax.Array):
     del rng  # the probes' spans are fixed per pair
@@ -423,4 +443,4 @@ class SmolLM2CERTask:
 
   def train_batch(self, step: int, batch_size: int) -> dict:
     return batch_arrays(self.tokenizer, self.batch_pairs(step, batch_size),
-                        int(self.config.data.max_len))
+                        int(self.config.data.max_len), end=answer_end(self.config))
