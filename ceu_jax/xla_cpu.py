@@ -1,16 +1,18 @@
 """XLA:CPU settings the library applies before JAX's backend starts (imported by `ceu_jax`).
 
-YNNPACK fusions off. jaxlib 0.10 hands some CPU fusions to YNNPACK; on an AMD EPYC host
-(no AVX-512) the compiled gradient of the SmolLM2 CER objective's causal-tail path then
-crashes the process with a segmentation fault at its first execution (the tiny
-`configs/smollm2_cer.py:tiny` run, every CER variant; the forward alone and the
-`cer_path=full` path run). `--xla_cpu_experimental_ynn_fusion_type=` (no YNNPACK fusion)
-makes the same program run (measured 2026-11-28; the tiny CER fine-tunes of
-tests/test_smollm2_cer_train.py and tests/test_smollm2_prior_world.py are the crashing case,
-tests/test_xla_cpu.py checks the setting). The flag is added to XLA_FLAGS only when the user has not set it
-(their value wins) and only for jaxlib >= 0.10, which knows it (XLA aborts on an unknown
-flag). It acts when `ceu_jax` is imported before the first computation, as the entry
-points and tests do; CEU_JAX_YNN=keep leaves XLA_FLAGS alone.
+YNNPACK fusions off. jaxlib 0.10.2 hands some CPU fusions to YNNPACK (`__ynn_fusion`, its
+slinky buffers); on Linux x86-64 some of them crash the process (SIGSEGV) or hang at their
+first execution — a known regression of jaxlib 0.10.2 and 0.11.0 for high-rank
+multiply-reduce fusions (jax-ml/jax#39257, #40412; backtrace in slinky::optimize_dims). Here
+it hit the compiled gradient of the SmolLM2 CER objective's causal-tail path (rank-5 tail
+tensors) on an AMD EPYC host: every tiny `configs/smollm2_cer.py:tiny` CER run segfaulted,
+while the forward alone and the `cer_path=full` path ran. `--xla_cpu_experimental_ynn_fusion_type=`
+(empty: no YNNPACK fusion) makes the same program run (measured 2026-11-28; the tiny CER
+fine-tunes of tests/test_smollm2_cer_train.py and tests/test_smollm2_prior_world.py are the
+crashing case, tests/test_xla_cpu.py checks the setting). The flag is added to XLA_FLAGS only
+when the user has not set it (their value wins) and only for jaxlib >= 0.10.1, which parses it
+(XLA aborts on an unknown flag). It acts when `ceu_jax` is imported before the first
+computation, as the entry points and tests do; CEU_JAX_YNN=keep leaves XLA_FLAGS alone.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def _jaxlib_version() -> tuple[int, ...]:
   except ImportError:
     return ()
   out = []
-  for part in version.__version__.split(".")[:2]:
+  for part in version.__version__.split(".")[:3]:
     digits = "".join(ch for ch in part if ch.isdigit())
     out.append(int(digits or 0))
   return tuple(out)
@@ -34,8 +36,8 @@ def _jaxlib_version() -> tuple[int, ...]:
 
 def ynn_off_flags(xla_flags: str, jaxlib_version: tuple[int, ...], env: str = "") -> str:
   """XLA_FLAGS with YNNPACK fusions switched off (see the module doc); unchanged when the
-  user set the flag, when env == 'keep', or for jaxlib older than 0.10."""
-  if env == "keep" or YNN_FLAG in xla_flags or jaxlib_version < (0, 10):
+  user set the flag, when env == 'keep', or for jaxlib older than 0.10.1."""
+  if env == "keep" or YNN_FLAG in xla_flags or jaxlib_version < (0, 10, 1):
     return xla_flags
   return f"{xla_flags} {YNN_FLAG}=".strip()
 

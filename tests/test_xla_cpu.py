@@ -16,13 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_flag_added_once_and_the_users_choice_wins():
   f = xla_cpu.YNN_FLAG
-  assert xla_cpu.ynn_off_flags("", (0, 10)) == f"{f}="
-  assert xla_cpu.ynn_off_flags("--a=1", (0, 11)) == f"--a=1 {f}="
-  assert xla_cpu.ynn_off_flags(f"{f}=dot", (0, 10)) == f"{f}=dot"   # user's value kept
-  assert xla_cpu.ynn_off_flags("--a=1", (0, 10), "keep") == "--a=1"
-  assert xla_cpu.ynn_off_flags("--a=1", (0, 9)) == "--a=1"          # older jaxlib: unknown flag
-  once = xla_cpu.ynn_off_flags("", (0, 10))
-  assert xla_cpu.ynn_off_flags(once, (0, 10)) == once
+  assert xla_cpu.ynn_off_flags("", (0, 10, 2)) == f"{f}="
+  assert xla_cpu.ynn_off_flags("--a=1", (0, 11, 0)) == f"--a=1 {f}="
+  assert xla_cpu.ynn_off_flags(f"{f}=dot", (0, 10, 2)) == f"{f}=dot"   # user's value kept
+  assert xla_cpu.ynn_off_flags("--a=1", (0, 10, 2), "keep") == "--a=1"
+  assert xla_cpu.ynn_off_flags("--a=1", (0, 10, 0)) == "--a=1"       # older jaxlib: unknown flag
+  once = xla_cpu.ynn_off_flags("", (0, 10, 2))
+  assert xla_cpu.ynn_off_flags(once, (0, 10, 2)) == once
 
 
 def test_importing_ceu_jax_sets_xla_flags_before_jax_starts():
@@ -33,7 +33,7 @@ def test_importing_ceu_jax_sets_xla_flags_before_jax_starts():
                        env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"), check=True)
   flags, total = out.stdout.split("\n")[:2]
   assert total == "3.0"
-  if xla_cpu._jaxlib_version() >= (0, 10):   # pylint: disable=protected-access
+  if xla_cpu._jaxlib_version() >= (0, 10, 1):   # pylint: disable=protected-access
     assert flags.split() == [f"{xla_cpu.YNN_FLAG}="]
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
