@@ -9,7 +9,13 @@ tensors) on an AMD EPYC host: every tiny `configs/smollm2_cer.py:tiny` CER run s
 while the forward alone and the `cer_path=full` path ran. `--xla_cpu_experimental_ynn_fusion_type=`
 (empty: no YNNPACK fusion) makes the same program run (measured 2026-11-28; the tiny CER
 fine-tunes of tests/test_smollm2_cer_train.py and tests/test_smollm2_prior_world.py are the
-crashing case, tests/test_xla_cpu.py checks the setting). The flag is added to XLA_FLAGS only
+crashing case, tests/test_xla_cpu.py checks the setting). No narrower value is safe: of the
+fusion types (dot, eltwise, reduce, individual_dot, ...) `eltwise` alone and `reduce` alone
+still crash, and `dot` alone runs but computes wrong numbers — the CER objective of
+tests/test_losses_cer.py came out NaN (one case) and 3e-4 off the engine's terms (another),
+against 1e-5 agreement with fusions off. The cost: the 2-layer SmolLM2 trace test ran 35.1 s
+with fusions off against 29.0 s with XLA's default (tests/test_trace_text.py::
+test_tiny_smollm2, same machine); the whole suite 18:52 against 16:49 with `dot` kept. The flag is added to XLA_FLAGS only
 when the user has not set it (their value wins) and only for jaxlib >= 0.10.1, which parses it
 (XLA aborts on an unknown flag). It acts when `ceu_jax` is imported before the first
 computation, as the entry points and tests do; CEU_JAX_YNN=keep leaves XLA_FLAGS alone.
