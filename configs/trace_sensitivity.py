@@ -140,6 +140,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if tiny:
       s.n_layers = 2                   # tiny: every reader on the first 2 layers
       s.domains = ('arithmetic',)      # tiny: the domain the readers are fine-tuned on
+      s.max_new_tokens = 24            # tiny: 2-layer readers write no answer; plumbing only
     s.train = smollm2_traces.get_config('tiny' if tiny else 'cpu')
     if a.steps:
       s.train.train.num_steps = a.steps

