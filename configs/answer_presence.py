@@ -84,8 +84,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.factqa = f = ml_collections.ConfigDict()  # World B
   f.sources = ('nq', 'squad')          # items alternate between these sources
   f.split = 'test'                     # factual-QA split of the items and distractors
-  f.max_passage_words = 100            # gold and distractor passages of at most this many words
-  f.n_distractors = 2                  # seeded distractor passages in the raw context
+  f.max_passage_words = 50 if tiny else 100  # gold and distractor passages of at most this many
+                                       # words (tiny: short prompts, the prefill's cost)
+  f.n_distractors = 1 if tiny else 2   # seeded distractor passages in the raw context
   f.eta = 0.2                          # the gold passage is missing (→ a third distractor)
   f.n_layers = 2 if tiny else 0        # SmolLM2 layers used (0: all 30; tiny: plumbing only)
   f.chat = True                        # ChatML prompts (the model's own template)

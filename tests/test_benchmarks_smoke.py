@@ -32,6 +32,7 @@ SMOKE = {   # benchmark -> the smoke run's arguments
                     "--matmul", "64", "--time_batch", "1", "--reps", "1", "--no_grid",
                     "--compare_scan_impl", "", "--time_scan_impls", ""],
     "pretrained_audit_bench": ["--batch", "1", "--n_layers", "2"],
+    "unembed_bench": ["--vocab", "512", "--width", "16", "--rows", "1,4", "--reps", "1"],
 }
 
 

@@ -387,3 +387,22 @@ def test_one_reader_per_file_and_a_replaced_file_is_opened_anew(tmp_path):
   os.replace(link, path)
   reader = gguf_loader.open_gguf(str(path))
   assert gguf_loader.config_from_gguf(reader).n_layers == 30
+
+
+def test_unembed_equals_the_plain_product_values_and_gradients():
+  """`model.unembed` (table · xᵀ, transposed; the fast layout on XLA:CPU) against x · tableᵀ,
+  float32 to 1e-5, and its gradients with respect to both."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from ceu_jax.pretrained.model import unembed  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  table = jnp.asarray(rng.standard_normal((300, 24), np.float32))
+  for shape in [(24,), (4, 24), (2, 3, 24), (2, 1, 5, 24)]:
+    x = jnp.asarray(rng.standard_normal(shape, np.float32))
+    got = jax.jit(unembed)(x, table)
+    assert got.shape == shape[:-1] + (300,)
+    np.testing.assert_allclose(got, np.asarray(x) @ np.asarray(table).T, rtol=1e-5, atol=1e-5)
+  f = lambda x, t: jnp.sum(jnp.sin(unembed(x, t)))  # noqa: E731
+  g = lambda x, t: jnp.sum(jnp.sin(x @ t.T))  # noqa: E731
+  for a, b in zip(jax.grad(f, (0, 1))(x, table), jax.grad(g, (0, 1))(x, table)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -139,7 +139,7 @@ def tail_intervened_logliks(params: dict, config: SmolLMConfig, layer: int,
     x = patching.layer_tail(params[f'layers_{i}'], config, x, corrupt['k'][i][:, :t0],
                              corrupt['v'][i][:, :t0], positions, mask, d)
   x = M.rms_norm(x, params['final_norm']['scale'], config.norm_eps)
-  logits = x @ params['embed']['embedding'].T  # [Q, B, n, V]
+  logits = M.unembed(x, params['embed']['embedding'])  # [Q, B, n, V]
   return patching.tail_loglik(logits, tokens_m, answer_mask)
 
 

@@ -129,7 +129,7 @@ def forward(params: dict, config: SmolLMConfig, tokens, positions, valid, pre_k,
 
   x, (k, v) = jax.lax.scan(body, x, (params['layers'], pre_k, pre_v, ctx_k, ctx_v))
   x = M.rms_norm(x[:, t - n_logits:], params['norm'], config.norm_eps)
-  return x @ params['embed'].T, k, v
+  return M.unembed(x, params['embed']), k, v
 
 
 @struct.dataclass

@@ -349,7 +349,7 @@ def _fast_audit(variables: dict, config: SmolLMConfig, clean: dict, corrupt: dic
   hid = _patched_hidden(variables, config, cache_p, cache_m, span, patch_mask, n_tail,
                         groups)  # [L, Q, B, n, E]
   emb = variables['params']['embed']['embedding']
-  score = lambda h: tail_loglik(h @ emb.T, tokens_m, answer_mask)  # [Q, B]
+  score = lambda h: tail_loglik(M.unembed(h, emb), tokens_m, answer_mask)  # [Q, B]
   l_int = jax.lax.map(score, hid, batch_size=chunk)  # [L, Q, B]
   l_plus = tail_loglik(lc, tokens_p, answer_mask)
   l_minus = tail_loglik(lr, tokens_m, answer_mask)
