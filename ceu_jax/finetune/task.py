@@ -138,9 +138,7 @@ def loss_config(config: Any) -> LossConfig:
   return LossConfig.from_config(config.cer)
 
 
-def lora_config(config: Any) -> lora_lib.LoRAConfig:
-  return lora_lib.LoRAConfig(rank=int(config.lora.rank), alpha=float(config.lora.alpha),
-                             targets=tuple(config.lora.targets), full=bool(config.lora.full))
+lora_config = lora_lib.from_config  # the fine-tune's adapters (its `lora` section)
 
 
 # ----------------------------------------------------------------------------
@@ -369,7 +367,7 @@ def batch_arrays(tok, pairs: Sequence[audit_nq.Pair], pad_to: int, end: str = ''
 
 
 @dataclasses.dataclass
-class SmolLM2CERTask:
+class SmolLM2CERTask(lora_lib.AdapterTask):
   """`CustomTask` of a smollm2_cer config (module doc)."""
   config: Any  # the validated run config
   model_config: SmolLMConfig  # the (possibly truncated) SmolLM2 hyper-parameters
@@ -408,17 +406,6 @@ class SmolLM2CERTask:
   def validate(self, config: Any) -> None:
     validate(config)
     lora_lib.check_layer(config.model.read_layer, self.model_config, 'model.read_layer')
-
-  @property
-  def lora(self) -> lora_lib.LoRAConfig:
-    return lora_config(self.config)
-
-  @property
-  def frozen(self) -> Optional[dict]:
-    return None if self.lora.full else self.base
-
-  def init_params(self, rng: jax.Array) -> Any:
-    return lora_lib.init_trainable(rng, self.model_config, self.lora, self.base)
 
   @property
   def n_tail(self) -> int:

@@ -19,7 +19,7 @@ L layers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,33 @@ class LoRAConfig:
     if bad or not self.targets or len(set(self.targets)) != len(self.targets):
       raise ValueError(f'{prefix}.targets must be a non-empty set of distinct names from '
                        f'{TARGETS}, got {tuple(self.targets)!r}')
+
+
+def from_config(config: Any) -> LoRAConfig:
+  """The LoRAConfig of a fine-tune config's `lora` section (rank, alpha, targets, full)."""
+  return LoRAConfig(rank=int(config.lora.rank), alpha=float(config.lora.alpha),
+                    targets=tuple(config.lora.targets), full=bool(config.lora.full))
+
+
+class AdapterTask:
+  """The adapter half of a SmolLM2 fine-tuning task (the training loop's CustomTask):
+  what is trained and what stays frozen. A task sets `config` (with a `lora` section),
+  `model_config` (SmolLMConfig) and `base` (the frozen pretrained params)."""
+  config: Any
+  model_config: SmolLMConfig
+  base: dict
+
+  @property
+  def lora(self) -> LoRAConfig:
+    return from_config(self.config)
+
+  @property
+  def frozen(self) -> Optional[dict]:
+    """The base params the loss reads frozen (None when every parameter is trained)."""
+    return None if self.lora.full else self.base
+
+  def init_params(self, rng: jax.Array) -> Any:
+    return init_trainable(rng, self.model_config, self.lora, self.base)
 
 
 def check_layer(layer: Any, config: SmolLMConfig, field: str = 'model.read_layer') -> int:

@@ -121,9 +121,7 @@ def validate(config: Any) -> None:
   sharding_lib.check_section(config.sharding)
 
 
-def lora_config(config: Any) -> lora_lib.LoRAConfig:
-  return lora_lib.LoRAConfig(rank=int(config.lora.rank), alpha=float(config.lora.alpha),
-                             targets=tuple(config.lora.targets), full=bool(config.lora.full))
+lora_config = lora_lib.from_config  # the fine-tune's adapters (its `lora` section)
 
 
 # ----------------------------------------------------------------------------
@@ -309,7 +307,7 @@ def trace_loss(trainable: Any, base: Optional[dict], batch: dict, *, config: Smo
 
 
 @dataclasses.dataclass
-class SmolLM2TraceTask:
+class SmolLM2TraceTask(lora_lib.AdapterTask):
   """`CustomTask` of a smollm2_traces config (module doc)."""
   config: Any                # the validated run config
   model_config: SmolLMConfig  # the (possibly truncated) SmolLM2 hyper-parameters
@@ -333,17 +331,6 @@ class SmolLM2TraceTask:
 
   def validate(self, config: Any) -> None:
     validate(config)
-
-  @property
-  def lora(self) -> lora_lib.LoRAConfig:
-    return lora_config(self.config)
-
-  @property
-  def frozen(self) -> Optional[dict]:
-    return None if self.lora.full else self.base
-
-  def init_params(self, rng: jax.Array) -> Any:
-    return lora_lib.init_trainable(rng, self.model_config, self.lora, self.base)
 
   @property
   def n_tail(self) -> int:
