@@ -24,9 +24,7 @@ detected); the workdir must be on a filesystem every host sees. README, "Many ho
 """
 from __future__ import annotations
 
-import sys
-
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from ceu_jax import cli
@@ -48,18 +46,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
-  try:
+  with loop.exit_codes():
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,
                             allow_config_change=FLAGS.allow_config_change, cluster=_CLUSTER())
-  except loop.Preempted as e:
-    logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
-    logging.flush()
-    sys.exit(loop.EXIT_PREEMPTED)
-  except loop.Diverged as e:
-    logging.error("training diverged: %s", e)
-    print(f"training diverged: {e}", file=sys.stderr)
-    logging.flush()
-    sys.exit(loop.EXIT_DIVERGED)
 
 
 if __name__ == "__main__":

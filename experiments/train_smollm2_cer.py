@@ -18,9 +18,7 @@ their shared held-out items (later − earlier) and the H1 / H2 verdicts (`finet
 """
 from __future__ import annotations
 
-import sys
-
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from ceu_jax import cli
@@ -54,17 +52,9 @@ def main(argv: list[str]) -> None:
     print(cer_eval.report(entries, FLAGS.workdir, seed=int(FLAGS.config.seed),
                           num_resamples=int(FLAGS.config.eval.num_resamples)))
     return
-  try:
+  with loop.exit_codes():
     cer_eval.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh,
                  allow_config_change=FLAGS.allow_config_change, evaluate=FLAGS.eval)
-  except loop.Preempted as e:
-    logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
-    logging.flush()
-    sys.exit(loop.EXIT_PREEMPTED)
-  except loop.Diverged as e:
-    print(f"training diverged: {e}", file=sys.stderr)
-    logging.flush()
-    sys.exit(loop.EXIT_DIVERGED)
 
 
 if __name__ == "__main__":

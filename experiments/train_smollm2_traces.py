@@ -14,9 +14,7 @@ in its own W/train/<regime>.
 """
 from __future__ import annotations
 
-import sys
-
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from ceu_jax import cli
@@ -34,16 +32,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"too many command-line arguments: {argv[1:]}")
-  try:
+  with loop.exit_codes():
     competence.run(FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh)
-  except loop.Preempted as e:
-    logging.warning("%s; exiting with code %d", e, loop.EXIT_PREEMPTED)
-    logging.flush()
-    sys.exit(loop.EXIT_PREEMPTED)
-  except loop.Diverged as e:
-    print(f"training diverged: {e}", file=sys.stderr)
-    logging.flush()
-    sys.exit(loop.EXIT_DIVERGED)
 
 
 if __name__ == "__main__":

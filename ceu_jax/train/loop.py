@@ -21,10 +21,12 @@ gradient (no checkpoint of that or a later step is written).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import signal
+import sys
 from typing import Any, Iterable
 
 import flax.linen as nn
@@ -58,6 +60,23 @@ class Diverged(Exception):
   def __init__(self, step: int, message: str):
     super().__init__(message)
     self.step = step
+
+
+@contextlib.contextmanager
+def exit_codes():
+  """For a training entry point's `main`: a preempted run exits with EXIT_PREEMPTED (rerun
+  the command to resume), a diverged one with EXIT_DIVERGED and its reason on stderr."""
+  try:
+    yield
+  except Preempted as e:
+    logging.warning("%s; exiting with code %d", e, EXIT_PREEMPTED)
+    logging.flush()
+    sys.exit(EXIT_PREEMPTED)
+  except Diverged as e:
+    logging.error("training diverged: %s", e)
+    print(f"training diverged: {e}", file=sys.stderr)
+    logging.flush()
+    sys.exit(EXIT_DIVERGED)
 
 
 def _debug_kill(spec: str, point: str, step: int) -> None:
