@@ -80,7 +80,11 @@ def unembed(x: jax.Array, table: jax.Array) -> jax.Array:
   V = 49,152, D = 576: 126 ms for 4 rows (a decode step of batch 4) against 12 ms this way,
   326 vs 61 ms for 128 rows, 1,177 vs 625 ms for 1,024 (benchmarks/unembed_bench.py). The
   barrier keeps XLA from folding the transpose back into the slow form. Equal to x · tableᵀ
-  up to float reassociation (tests/test_pretrained.py)."""
+  up to float reassociation (tests/test_pretrained.py). Other backends get the plain
+  product: their matmul libraries take either layout, and the transposed copy would double
+  the logits' memory (a training batch's [B, T, V] logits are the largest tensor)."""
+  if jax.default_backend() != 'cpu':
+    return x @ table.T
   lead = x.shape[:-1]
   logits_t = jax.lax.optimization_barrier(table @ x.reshape(-1, x.shape[-1]).T)
   return logits_t.T.reshape(*lead, table.shape[0])
