@@ -76,9 +76,10 @@ def unembed(x: jax.Array, table: jax.Array) -> jax.Array:
   [V, D] (V = vocabulary, D = width), computed as table · xᵀ [V, N] and transposed.
 
   The same product, laid out so that XLA:CPU's dot is fast: for x · tableᵀ with a few rows
-  it picks a slow kernel when YNNPACK fusions are off (ceu_jax/xla_cpu.py) — measured at
-  V = 49,152, D = 576: 126 ms for 4 rows (a decode step of batch 4) against 12 ms this way,
-  326 vs 61 ms for 128 rows, 1,177 vs 625 ms for 1,024 (benchmarks/unembed_bench.py). The
+  it picks a slow kernel at some row counts when YNNPACK fusions are off (ceu_jax/xla_cpu.py)
+  — measured at V = 49,152, D = 576: 86 ms for 4 rows (a decode step of batch 4) against
+  15 ms this way, 243 vs 53 ms for 128 rows, 877 vs 539 ms for 1,024, but about equal for
+  8–64 rows (a batch-8 or -16 decode step; benchmarks/unembed_bench.py). The
   barrier keeps XLA from folding the transpose back into the slow form. Equal to x · tableᵀ
   up to float reassociation (tests/test_pretrained.py). Other backends get the plain
   product: their matmul libraries take either layout, and the transposed copy would double
