@@ -97,7 +97,7 @@ def test_loss_is_the_mean_nll_of_the_target_tokens():
   from configs import smollm2_traces
   c = smollm2_traces.get_config('tiny')
   mc, variables = load_smollm2(None, n_layers=2)
-  tok, dom, lcfg = load_tokenizer(None), ft.domain(c), ft.lora_config(c)
+  tok, dom, lcfg = load_tokenizer(None), ft.domain(c), lora_lib.from_config(c)
   ex = ft.excluded(c)
   item = ft.train_item(c, 0, ex)
   rows = [ft.make_row(dom, item, 'following', 1, ts.FACT_REVERSAL), ft.make_row(dom, item, 'plain')]

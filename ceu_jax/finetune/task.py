@@ -138,9 +138,6 @@ def loss_config(config: Any) -> LossConfig:
   return LossConfig.from_config(config.cer)
 
 
-lora_config = lora_lib.from_config  # the fine-tune's adapters (its `lora` section)
-
-
 # ----------------------------------------------------------------------------
 # Pairs.
 # ----------------------------------------------------------------------------

@@ -121,9 +121,6 @@ def validate(config: Any) -> None:
   sharding_lib.check_section(config.sharding)
 
 
-lora_config = lora_lib.from_config  # the fine-tune's adapters (its `lora` section)
-
-
 # ----------------------------------------------------------------------------
 # Items.
 # ----------------------------------------------------------------------------
