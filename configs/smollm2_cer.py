@@ -25,7 +25,9 @@ Memorisable-prior world (issue #36; `ceu_jax.data.factqa.prior_world`): `world=t
 the `data.world` section, with `rho=` (share of items memorised, (0, 1]), `eta=` (share
 of training contexts without the evidence, [0, 1]), `repeats=` (rows per memorised item
 per epoch, >= 1), `epochs=` (passes over the world's rows, >= 1; sets train.num_steps
-unless steps= is given), e.g. `configs/smollm2_cer.py:cpu,world=true,regularizer=none`.
+unless steps= is given), `conflict=` (κ, [0, 1]: share of a memorised item's rows whose
+context names another entity while the target stays the memorised answer — an extension
+of SPEC §3's knobs), e.g. `configs/smollm2_cer.py:cpu,world=true,regularizer=none`.
   tiny,world=true  12 items (6 memorised x 2 repeats), 9 steps, 2 memorised + 4
                    evidence-only items evaluated (the CI test; seconds).
   cpu,world=true   200 items (40 memorised x 6 repeats + 160 fresh = 400 rows), one epoch
@@ -51,10 +53,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        steps=common.Opt(int, min=1), world=False,
                        rho=common.Opt(float, min=0.0, max=1.0),
                        eta=common.Opt(float, min=0.0, max=1.0),
-                       repeats=common.Opt(int, min=1), epochs=common.Opt(int, min=1))
+                       repeats=common.Opt(int, min=1), epochs=common.Opt(int, min=1),
+                       conflict=common.Opt(float, min=0.0, max=1.0))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
-  given = [k for k in ('rho', 'eta', 'repeats', 'epochs') if a[k] is not None]
+  given = [k for k in ('rho', 'eta', 'repeats', 'epochs', 'conflict') if a[k] is not None]
   if given and not a.world:
     raise ValueError(f'config argument {given[0]} needs world=true (the memorisable-prior '
                      'world)')
@@ -89,7 +92,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         eta=common.given_or(a.eta, 0.5),  # η: share of training contexts without evidence
         repeats=common.given_or(a.repeats, 2 if tiny else 6),  # rows per memorised item/epoch
         n_items=12 if tiny else 200,   # world items (memorised + fresh) from the train split
-        n_eval_memorised=2 if tiny else 40)  # memorised items evaluated (<= rho * n_items)
+        n_eval_memorised=2 if tiny else 40,  # memorised items evaluated (<= rho * n_items)
+        conflict=common.given_or(a.conflict, 0.0))  # κ: share of a memorised item's rows whose
+                                       # context names another answer (target: the memorised one)
     w = d.world
     n_mem = int(round(w.rho * w.n_items))
     world_rows = n_mem * w.repeats + w.n_items - n_mem  # rows of one epoch

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import string
@@ -30,7 +31,8 @@ from tests.test_train_helpers import describe, metric_rows, run_train
 _WHY = gguf_loader.is_available()
 needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
 
-CONFIG = 'configs/smollm2_cer.py:tiny,world=true'
+CONFIG = 'configs/smollm2_cer.py:tiny,world=true,conflict=0.5'  # every memorised item: a
+                                                                # conflicting row per epoch
 MODULE = 'experiments.train_smollm2_cer'
 
 
@@ -63,7 +65,9 @@ def _items(n: int, dup_every: int = 0) -> list[prior_world.Item]:
     ans = f'Name{i} Person'
     out.append(prior_world.Item(f'nq:{i:05d}', q, ans,
                                 f'Some filler {i}. It was founded by {ans} in 19{i % 90:02d}.',
-                                f'Some filler {i}. The company grew quickly.'))
+                                f'Some filler {i}. The company grew quickly.',
+                                f'Some filler {i}. It was founded by Other{i} Person in '
+                                f'19{i % 90:02d}.'))
   return out
 
 
@@ -80,17 +84,23 @@ def _check_against_reference(world: prior_world.World, items, cfg) -> None:
   assert len(mem) == round(cfg.rho * cfg.n_items) and len(mem) + len(fresh) == cfg.n_items
   counts: dict[str, int] = {}
   missing: dict[str, int] = {}
+  conflicting: dict[str, int] = {}
   for r in world.rows:
     counts[r.id] = counts.get(r.id, 0) + 1
-    missing[r.id] = missing.get(r.id, 0) + (not r.has_evidence)
+    missing[r.id] = missing.get(r.id, 0) + (not r.has_evidence and not r.conflict)
+    conflicting[r.id] = conflicting.get(r.id, 0) + r.conflict
     it = by_id[r.id]
     assert (r.question, r.answer) == (it.question, it.answer)   # the one fixed answer
     assert r.memorised == (r.id in mem)
-    assert r.context == (it.context if r.has_evidence else it.free_context)
+    assert r.context == (it.context if r.has_evidence else
+                         it.conflict_context if r.conflict else it.free_context)
     assert _ref_mentions(r.context, r.answer) == r.has_evidence
+    assert not (r.conflict and r.has_evidence)
   for i in mem:
     assert counts[i] == cfg.repeats
     assert missing[i] == round(cfg.eta * cfg.repeats)
+    assert conflicting[i] == round(cfg.conflict * cfg.repeats)
+  assert not any(conflicting[i] for i in fresh)
   assert all(counts[i] == 1 for i in fresh)
   assert sum(missing[i] for i in fresh) == round(cfg.eta * len(fresh))
   assert len(world.rows) == len(mem) * cfg.repeats + len(fresh)
@@ -101,15 +111,45 @@ def _check_against_reference(world: prior_world.World, items, cfg) -> None:
                                   for i in mem | fresh}
 
 
-@pytest.mark.parametrize('rho,eta,repeats', [(0.25, 0.5, 4), (0.5, 0.3, 3), (1.0, 0.0, 2),
-                                             (0.1, 1.0, 5)])
-def test_world_matches_reference(rho, eta, repeats):
+@pytest.mark.parametrize('rho,eta,repeats,conflict', [
+    (0.25, 0.5, 4, 0.0), (0.5, 0.3, 3, 0.0), (1.0, 0.0, 2, 0.0), (0.1, 1.0, 5, 0.0),
+    (0.25, 0.25, 8, 0.5), (0.5, 0.0, 3, 1.0), (0.2, 0.5, 6, 0.3)])
+def test_world_matches_reference(rho, eta, repeats, conflict):
   items = _items(60, dup_every=7)
   cfg = prior_world.WorldConfig(rho=rho, eta=eta, repeats=repeats, n_items=40,
-                                n_eval_memorised=3)
+                                n_eval_memorised=3, conflict=conflict)
   world = prior_world.build(items, cfg, seed=3)
   _check_against_reference(world, items, cfg)
-  assert world.report['rows_without_evidence'] == sum(not r.has_evidence for r in world.rows)
+  rep = world.report
+  assert rep['rows_without_evidence'] == sum(not r.has_evidence and not r.conflict
+                                             for r in world.rows)
+  assert rep['rows_conflicting'] == sum(r.conflict for r in world.rows)
+
+
+def test_conflict_zero_leaves_the_world_as_it_was():
+  """κ = 0 (and a section recorded before κ existed) gives the rows of the world without
+  the knob: every earlier run's world is unchanged."""
+  items = _items(50)
+  cfg = prior_world.WorldConfig(rho=0.3, eta=0.5, repeats=4, n_items=30, n_eval_memorised=2)
+  bare = [dataclasses.replace(it, conflict_context='') for it in items]
+  a, b = prior_world.build(items, cfg, 0), prior_world.build(bare, cfg, 0)
+  assert a.rows == b.rows and not any(r.conflict for r in a.rows)
+  with_k = prior_world.build(items, dataclasses.replace(cfg, conflict=0.25), 0)
+  assert [r.has_evidence or r.conflict for r in with_k.rows] == [r.has_evidence for r in a.rows]
+  old = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != 'conflict'}
+  assert prior_world.WorldConfig.from_config(old) == cfg
+
+
+def test_conflict_needs_room_and_conflict_contexts():
+  with pytest.raises(ValueError, match=r'data.world.conflict must be <= 0.5 with eta=0.5 and '
+                     r'repeats=4: .* got 0.75'):
+    prior_world.WorldConfig.from_config(dict(rho=0.5, eta=0.5, repeats=4, n_items=20,
+                                             n_eval_memorised=1, conflict=0.75))
+  cfg = prior_world.WorldConfig(rho=0.5, eta=0.0, repeats=2, n_items=20, n_eval_memorised=1,
+                                conflict=0.5)
+  bare = [dataclasses.replace(it, conflict_context='') for it in _items(30)]
+  with pytest.raises(ValueError, match='needs every memorised item'):
+    prior_world.build(bare, cfg, 0)
 
 
 def test_world_is_a_pure_function_of_the_seed():
@@ -157,6 +197,8 @@ def test_too_few_candidates_is_an_error_naming_the_field():
     ('tiny,world=true,rho=0', 'rho must be > 0'),
     ('tiny,world=true,repeats=0', 'repeats must be an integer >= 1'),
     ('tiny,eta=0.3', 'eta needs world=true'),
+    ('tiny,conflict=0.3', 'conflict needs world=true'),
+    ('tiny,world=true,conflict=1.2', 'conflict must be a number >= 0.0 and <= 1.0'),
 ])
 def test_bad_config_arguments(arg, message):
   with pytest.raises(ValueError, match=message):
@@ -168,6 +210,7 @@ def test_bad_config_arguments(arg, message):
     ('repeats', 0, 'data.world.repeats must be an integer >= 1, got 0'),
     ('n_eval_memorised', 7, r'data.world.n_eval_memorised must be <= round\(rho \* n_items\) = 6'),
     ('bogus', 1, 'data.world.bogus is an unknown field'),
+    ('conflict', 0.75, r'data.world.conflict must be <= 0.5 with eta=0.5 and repeats=2'),
 ])
 def test_bad_world_fields_named_by_validate(field, value, message):
   from ceu_jax.finetune import task as cer_task
@@ -187,7 +230,7 @@ def test_bad_world_fields_named_by_validate(field, value, message):
 def tiny_world():
   from ceu_jax.finetune import task as cer_task
   from ceu_jax.pretrained import load_tokenizer
-  config = smollm2_cer.get_config('tiny,world=true')
+  config = smollm2_cer.get_config(CONFIG.split(':')[1])
   tok = load_tokenizer()
   return config, tok, cer_task.world_pairs(tok, config)
 
@@ -196,18 +239,25 @@ def tiny_world():
 def test_world_pairs_on_shipped_data(tiny_world):
   from ceu_jax.finetune import evaluate as cer_eval
   from ceu_jax.finetune import task as cer_task
-  config, tok, (world, with_ev, free, report) = tiny_world
+  config, tok, (world, wp, report) = tiny_world
   cfg = prior_world.WorldConfig.from_config(config.data.world)
   assert (report['items'], report['memorised'], len(world.rows)) == (12, 6, 18)
   for r in world.rows:
-    p = with_ev[r.id] if r.has_evidence else free[r.id]
+    p = wp.of(r)
     assert p.answer == r.answer and r.context in p.clean_prompt
     if r.has_evidence:
       assert p.corrupt_prompt != p.clean_prompt and p.ev and r.answer in p.clean_prompt
     else:
       assert p.corrupt_prompt == p.clean_prompt and not (p.ev or p.dis or p.control)
       assert not _ref_mentions(p.clean_prompt.split('\nQuestion:')[0], r.answer)
-  pairs = [with_ev[r.id] if r.has_evidence else free[r.id] for r in world.rows]
+  # Every conflicting pair is its item's D− (the entity swap) with the memorised target.
+  for i, c in wp.conflict.items():
+    e = wp.with_ev[i]
+    assert c.clean_prompt == c.corrupt_prompt == e.corrupt_prompt and c.answer == e.answer
+    assert c.prompt_tokens == e.prompt_tokens and not (c.ev or c.dis or c.control)
+    assert not _ref_mentions(c.clean_prompt.split('\nQuestion:')[0], e.answer)
+    assert _ref_mentions(c.clean_prompt, e.substitute)
+  pairs = [wp.of(r) for r in world.rows]
   batch = cer_task.batch_arrays(tok, pairs, int(config.data.max_len))
   np.testing.assert_array_equal(batch['has_ev'], [r.has_evidence for r in world.rows])
   bad = dict(batch, tokens_m=batch['tokens_m'].copy())
@@ -217,8 +267,7 @@ def test_world_pairs_on_shipped_data(tiny_world):
     cer_task.obj.check_batch(bad, [p.id for p in pairs])
   # The fixed held-out set: memorised items are training items; evidence_only items ask
   # no training question; strata disjoint.
-  task = types.SimpleNamespace(config=config, tokenizer=tok, world=world,
-                               world_pairs=(with_ev, free))
+  task = types.SimpleNamespace(config=config, tokenizer=tok, world=world, world_pairs=wp)
   held, stratum, _ = cer_eval.world_eval_pairs(task)
   mem = [p.id for p in held if stratum[p.id] == 'memorised']
   assert mem == list(world.eval_memorised) and set(mem) <= set(world.memorised)
@@ -236,7 +285,7 @@ def test_world_pairs_on_shipped_data(tiny_world):
 
 @needs_model
 def test_tiny_world_cli_trains_and_evaluates_by_stratum(tmp_path, tiny_world):
-  _, _, (world, _, _, _) = tiny_world
+  _, _, (world, _, _) = tiny_world
   workdir = str(tmp_path / 'world')
   proc = run_train(CONFIG, workdir, '--config.train.num_steps=3',
                    module=MODULE, fast_compile=True)

@@ -115,7 +115,7 @@ def evaluate_reader(task, workdir: str, *, trained: bool = True) -> dict:
   rows = _resumable(out_dir, '', n_batches, audited, t0)
   free_rows = []
   if world is not None:   # the no_evidence stratum: memory alone (generation and NLL)
-    free = [task.world_pairs[1][i] for i in world.eval_memorised]
+    free = [task.world_pairs.free[i] for i in world.eval_memorised]
 
     def memory_only(b: int) -> list[dict]:
       ps = free[b * bs:(b + 1) * bs]
@@ -194,7 +194,7 @@ def world_eval_pairs(task) -> tuple[list, dict, dict]:
   items with their evidence (training pairs), then the first eval.num_examples aligned
   pairs of data.eval_split whose question no training row asks (evidence_only)."""
   c, world = task.config, task.world
-  mem = [task.world_pairs[0][i] for i in world.eval_memorised]
+  mem = [task.world_pairs.with_ev[i] for i in world.eval_memorised]
   unseen, report = cer_task.build_pairs(task.tokenizer, c, c.data.eval_split,
                                         limit=int(c.eval.num_examples),
                                         exclude_questions=world.seen_questions)

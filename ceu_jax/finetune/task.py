@@ -24,9 +24,10 @@ function of (seed, step).
 Memorisable-prior world (issue #36): with a `data.world` section the training rows are
 those of `ceu_jax.data.factqa.prior_world` (a share ρ of the items recurs `repeats`
 times per epoch with a fixed answer, a share η of the contexts lacks the evidence)
-instead of one row per train-split pair; a row without evidence has D− = D+ and no
-probe span (`has_ev` False: no CER term, only −log p(y* | q, D)). `world_pairs` builds
-it; the evaluation's strata are `evaluate.py`'s.
+instead of one row per train-split pair; a row without evidence — and a conflicting row
+(knob κ: the context names another entity, the target stays the memorised answer) — has
+D− = D+ and no probe span (`has_ev` False: no CER term, only −log p(y* | q, D)).
+`world_pairs` builds it; the evaluation's strata are `evaluate.py`'s.
 
 Config sections: seed, data, model, lora, train, cer, eval, sharding
 (configs/smollm2_cer.py documents every field).
@@ -261,11 +262,13 @@ def world_config(config: Any) -> Optional[prior_world.WorldConfig]:
   return prior_world.WorldConfig.from_config(config.data.world)
 
 
-def free_pair(tok, item: prior_world.Item, max_len: int) -> Optional[audit_nq.Pair]:
-  """The no-evidence row of `item` as a Pair with D− = D+ and no probe span (None when
-  prompt + answer is longer than max_len tokens)."""
+def fixed_pair(tok, item: prior_world.Item, context: str,
+               max_len: int) -> Optional[audit_nq.Pair]:
+  """A world row that holds no evidence for its answer (the no-evidence and the conflicting
+  rows) as a Pair with D− = D+ and no probe span (None when prompt + answer is longer
+  than max_len tokens)."""
   from ceu_jax.pretrained.tokenizer import encode, format_prompt
-  prompt = format_prompt(item.free_context, item.question)
+  prompt = format_prompt(context, item.question)
   n_p, n_a = len(encode(tok, prompt)), len(encode(tok, ' ' + item.answer))
   if n_p + n_a > max_len:
     return None
@@ -273,10 +276,36 @@ def free_pair(tok, item: prior_world.Item, max_len: int) -> Optional[audit_nq.Pa
                        n_p, n_a, (), (), 'none', ())
 
 
-def world_pairs(tok, config: Any) -> tuple[prior_world.World, dict, dict, dict]:
-  """(world, {id: pair with evidence}, {id: no-evidence pair}, report) of the config's
-  memorisable-prior world over the train split (`prior_world`): every scanned item whose
-  entity-swap pair aligns and whose no-evidence context exists and fits is a candidate."""
+def swapped_context(pair: audit_nq.Pair, context: str) -> str:
+  """`context` as the pair's D− shows it (its answer mentions swapped for the substitute):
+  the entity swap edits only the context part of the prompt."""
+  from ceu_jax.pretrained.tokenizer import format_prompt
+  lo = len(audit_nq.CONTEXT_PREFIX)
+  tail = len(pair.clean_prompt) - lo - len(context.strip())
+  out = pair.corrupt_prompt[lo:len(pair.corrupt_prompt) - tail]
+  if format_prompt(out, pair.question) != pair.corrupt_prompt:
+    raise ValueError(f'item {pair.id}: the entity swap edited the prompt outside its context')
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldPairs:
+  """The Pairs of a memorisable-prior world's items, by the kind of context."""
+  with_ev: dict    # {id: the audit's pair: D+ with the evidence, D− its entity swap}
+  free: dict       # {id: no-evidence pair (D− = D+, no span)}
+  conflict: dict   # {id: conflicting pair: D+ = D− = the entity swap, no span}
+
+  def of(self, row: prior_world.Row) -> audit_nq.Pair:
+    """The training pair of a world row."""
+    if row.conflict:
+      return self.conflict[row.id]
+    return self.with_ev[row.id] if row.has_evidence else self.free[row.id]
+
+
+def world_pairs(tok, config: Any) -> tuple[prior_world.World, WorldPairs, dict]:
+  """(world, its pairs, report) of the config's memorisable-prior world over the train
+  split (`prior_world`): every scanned item whose entity-swap pair aligns and whose
+  no-evidence context exists and fits is a candidate."""
   d, seed = config.data, int(config.seed)
   examples, passages = _storage()
   recs = sorted((e for e in examples if e['source'] == 'nq' and e['split'] == d.train_split),
@@ -286,7 +315,7 @@ def world_pairs(tok, config: Any) -> tuple[prior_world.World, dict, dict, dict]:
   pool = audit_nq.drawn_pool(tok, [(e, '') for e in recs])
   pc = _pair_config(config)
   n_ctx = int(d.n_distractor_sentences)
-  items, with_ev, free, dropped = [], {}, {}, {}
+  items, with_ev, free, conflict, dropped = [], {}, {}, {}, {}
   for e in recs:
     passage = passages[e['passage_id']]
     ctx = short_context(e, passage, n_ctx, seed)
@@ -296,8 +325,9 @@ def world_pairs(tok, config: Any) -> tuple[prior_world.World, dict, dict, dict]:
                                         n_ctx + 1, seed)
     item = fp = None
     if pair is not None and free_ctx is not None:
-      item = prior_world.Item(e['id'], e['question'], e['answer'], ctx, free_ctx)
-      fp = free_pair(tok, item, int(d.max_len))
+      item = prior_world.Item(e['id'], e['question'], e['answer'], ctx, free_ctx,
+                              swapped_context(pair, ctx))
+      fp = fixed_pair(tok, item, free_ctx, int(d.max_len))
       why = 'kept' if fp is not None else 'free_context_too_long'
     else:
       why = why if pair is None else 'no_free_context'
@@ -306,10 +336,15 @@ def world_pairs(tok, config: Any) -> tuple[prior_world.World, dict, dict, dict]:
       continue
     items.append(item)
     with_ev[e['id']], free[e['id']] = pair, fp
+    # Token-aligned with the pair (`make_pair` checked it), so it fits whenever the pair does.
+    conflict[e['id']] = fixed_pair(tok, item, item.conflict_context, int(d.max_len))
+    if conflict[e['id']] is None:
+      raise ValueError(f'item {e["id"]}: its entity swap is longer than data.max_len although '
+                       f'its pair is token-aligned')
   world = prior_world.build(items, world_config(config), seed)
   report = {'split': d.train_split, 'scanned': len(recs), 'eligible': len(items),
             'dropped': dropped, **world.report}
-  return world, with_ev, free, report
+  return world, WorldPairs(with_ev, free, conflict), report
 
 
 def answer_end(config: Any) -> str:
@@ -373,7 +408,7 @@ class SmolLM2CERTask(lora_lib.AdapterTask):
   pairs: list  # training pairs (seeded epochs over them; a prior world: its rows)
   report: dict  # pair selection report
   world: Optional[prior_world.World] = None  # the memorisable-prior world (data.world)
-  world_pairs: Optional[tuple[dict, dict]] = None  # ({id: pair}, {id: no-evidence pair})
+  world_pairs: Optional[WorldPairs] = None  # the world's pairs by kind of context
 
   @classmethod
   def from_config(cls, config: Any, *, load=None) -> 'SmolLM2CERTask':
@@ -390,9 +425,9 @@ class SmolLM2CERTask(lora_lib.AdapterTask):
       mc, variables, tok = load()
     lora_lib.check_layer(config.model.read_layer, mc, 'model.read_layer')
     if world_config(config) is not None:
-      world, with_ev, free, report = world_pairs(tok, config)
-      pairs = [with_ev[r.id] if r.has_evidence else free[r.id] for r in world.rows]
-      return cls(config, mc, variables['params'], tok, pairs, report, world, (with_ev, free))
+      world, wp, report = world_pairs(tok, config)
+      return cls(config, mc, variables['params'], tok, [wp.of(r) for r in world.rows],
+                 report, world, wp)
     pairs, report = build_pairs(tok, config, config.data.train_split)
     if not pairs:
       raise ValueError(f'no aligned training pairs in split {config.data.train_split!r}: '

@@ -15,6 +15,17 @@ parametric channel ℓ_par), on a fresh item not at all.
 An item has ONE context with its evidence (`Item.context`) and ONE without
 (`Item.free_context`), used by every repeat and by the evaluation.
 
+Knowledge conflict κ (`conflict`; an extension of SPEC §3's knobs, issue #36): of a
+memorised item's repeats that keep their evidence, exactly round(κ · repeats) (seeded)
+show instead its *conflicting* context (`Item.conflict_context`: the evidence context
+with the answer's mentions swapped for another entity — the audit's D− of the item)
+while the target stays the memorised answer. Only such rows reward answering a
+memorised question against its context; ρ / η alone never do (a memorised item's
+evidence always agrees with its answer), and a pretrained reader arrives with a
+copy-from-context habit (docs/smollm2_cer.md, settings A and B). Fresh items never
+conflict (their answer is not memorised). A conflicting row holds no evidence for its
+target (`has_evidence` False: no CER term).
+
 Held-out evaluation (a FIXED set; SPEC §6 H1's strata, `atr.strata`):
   memorised      the first `n_eval_memorised` memorised items (id order), context WITH
                  the evidence: the question and answer were trained on;
@@ -61,20 +72,44 @@ class WorldConfig:
                          'world items drawn (seeded) from the eligible train-split items')
   n_eval_memorised: int = F.field(48, F.ge(1, True),
                                   'memorised items evaluated (memorised and no_evidence)')
+  conflict: float = F.field(0.0, lambda x: None if F.is_num(x) and 0 <= x <= 1 else
+                            'must be a number in [0, 1]',
+                            'κ: share of a memorised item\'s rows whose context names another '
+                            'answer (target: the memorised one)')
 
   @classmethod
   def from_config(cls, section: Any) -> 'WorldConfig':
-    """Checked: ValueError 'data.world.<field> ...' naming the first bad field."""
+    """Checked: ValueError 'data.world.<field> ...' naming the first bad field. A
+    section recorded before κ existed (no `conflict`) is read with conflict 0."""
+    items = F.items_of(section)
+    if 'conflict' not in items:
+      section = {**items, 'conflict': 0.0}
     F.check_section('data.world', section, F.checks(cls))
     cfg = F.from_section(cls, section)
     if cfg.n_eval_memorised > cfg.n_memorised:
       raise ValueError(f'data.world.n_eval_memorised must be <= round(rho * n_items) = '
                        f'{cfg.n_memorised} (the memorised items), got {cfg.n_eval_memorised}')
+    if cfg.k_missing + cfg.k_conflict > cfg.repeats:
+      raise ValueError(f'data.world.conflict must be <= {1 - cfg.k_missing / cfg.repeats:g} '
+                       f'with eta={cfg.eta:g} and repeats={cfg.repeats}: round(conflict * '
+                       f'repeats) = {cfg.k_conflict} conflicting rows and round(eta * repeats) '
+                       f'= {cfg.k_missing} rows without evidence exceed the {cfg.repeats} '
+                       f'repeats, got {cfg.conflict:g}')
     return cfg
 
   @property
   def n_memorised(self) -> int:
     return int(round(self.rho * self.n_items))
+
+  @property
+  def k_missing(self) -> int:
+    """Rows without the evidence per memorised item and epoch."""
+    return int(round(self.eta * self.repeats))
+
+  @property
+  def k_conflict(self) -> int:
+    """Conflicting rows per memorised item and epoch (of those with the evidence)."""
+    return int(round(self.conflict * self.repeats))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +120,8 @@ class Item:
   answer: str
   context: str        # the short context WITH the evidence sentence
   free_context: str   # a context from the same passage WITHOUT any answer mention
+  conflict_context: str = ''  # `context` with the answer's mentions swapped for another
+                              # entity ('' when unknown: a world with conflict > 0 refuses)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +130,11 @@ class Row:
   id: str
   repeat: int          # 0 .. repeats − 1 (fresh items: 0)
   memorised: bool
-  has_evidence: bool
+  has_evidence: bool   # the context holds evidence for the answer (not free, not conflict)
   question: str
   answer: str
-  context: str         # Item.context if has_evidence else Item.free_context
+  context: str         # Item.context / free_context / conflict_context
+  conflict: bool = False  # the context names another answer (target: the memorised one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,13 +192,24 @@ def build(items: Sequence[Item], cfg: WorldConfig, seed: int) -> World:
   chosen = [cands[i] for i in order]
   mem = sorted(chosen[:cfg.n_memorised], key=lambda x: x.id)
   fresh = sorted(chosen[cfg.n_memorised:], key=lambda x: x.id)
-  k_mem = int(round(cfg.eta * cfg.repeats))   # no-evidence repeats per memorised item
+  k_mem, k_con = cfg.k_missing, cfg.k_conflict   # per memorised item and epoch
+  if k_mem + k_con > cfg.repeats:
+    raise ValueError(f'data.world: round(eta * repeats) + round(conflict * repeats) = '
+                     f'{k_mem} + {k_con} exceeds repeats = {cfg.repeats}')
+  if k_con and not all(it.conflict_context for it in mem):
+    raise ValueError('data.world.conflict > 0 needs every memorised item\'s '
+                     'conflict_context (the caller passes it)')
   rows: list[Row] = []
   for it in mem:
     crc = zlib.crc32(it.id.encode())
     missing = set(_rng(seed, 3, crc).permutation(cfg.repeats)[:k_mem].tolist())
-    rows += [Row(it.id, r, True, r not in missing, it.question, it.answer,
-                 it.free_context if r in missing else it.context) for r in range(cfg.repeats)]
+    kept = [r for r in range(cfg.repeats) if r not in missing]
+    conflict = set(kept[i] for i in _rng(seed, 5, crc).permutation(len(kept))[:k_con])
+    for r in range(cfg.repeats):
+      ctx = (it.free_context if r in missing else
+             it.conflict_context if r in conflict else it.context)
+      rows.append(Row(it.id, r, True, r not in missing and r not in conflict, it.question,
+                      it.answer, ctx, r in conflict))
   k_fresh = int(round(cfg.eta * len(fresh)))
   missing = set(_rng(seed, 4).permutation(len(fresh))[:k_fresh].tolist())
   rows += [Row(it.id, 0, False, i not in missing, it.question, it.answer,
@@ -170,10 +219,12 @@ def build(items: Sequence[Item], cfg: WorldConfig, seed: int) -> World:
   report = {
       'candidates': len(cands), 'items': cfg.n_items, 'memorised': len(mem),
       'fresh': len(fresh), 'repeats': cfg.repeats, 'rows': len(rows),
-      'rows_without_evidence': sum(not r.has_evidence for r in rows),
+      'rows_without_evidence': sum(not r.has_evidence and not r.conflict for r in rows),
+      'rows_conflicting': sum(r.conflict for r in rows),
       'share_memorised_rows': n_mem_rows / max(len(rows), 1),
       'eta_memorised': k_mem / cfg.repeats if mem else None,
       'eta_fresh': k_fresh / len(fresh) if fresh else None,
+      'conflict_memorised': k_con / cfg.repeats if mem else None,
       'eval_memorised': cfg.n_eval_memorised,
   }
   return World(tuple(it.id for it in mem), tuple(it.id for it in fresh), tuple(rows),
