@@ -149,3 +149,63 @@ def test_report_section_says_when_per_item_rows_are_missing(tmp_path):
   assert text.startswith('Paired comparisons: no per-item rows beside ' + old)
   assert paired.load_items(os.path.dirname(old)) is None
   assert paired.section([('ft', p)]) == ''     # one run: nothing to pair
+
+
+def _world_rows(seed: int, *, mem_ev: float, mem_dis: float, ev_only_correct: int):
+  """A prior world's clean rows: items 0-19 memorised (all correct, CEU_ev mem_ev + a
+  seed-dependent 0.01·seed), 20-39 evidence_only (the first ev_only_correct of them
+  correct, CEU_ev 0.8)."""
+  rows = []
+  for r in _rows(correct=set(range(20)) | set(range(20, 20 + ev_only_correct))):
+    i = int(r['id'][3:])
+    mem = i < 20
+    if r['layer'] == LAYER and r['ceu_ev'] is not None:
+      r['ceu_ev'] = mem_ev + 0.01 * seed if mem else 0.8
+      r['ceu_dis'] = None if r['ceu_dis'] is None else (mem_dis if mem else 0.1)
+    rows.append(dict(r, stratum='memorised' if mem else 'evidence_only'))
+  return rows
+
+
+def test_several_seeds_pair_seed_by_seed_and_decide_by_the_rule_per_stratum(tmp_path):
+  """baseline/s<k> and cer/s<k>, k = 0..2: paired seed by seed; in the world the baseline
+  is accurate on memorised items without using their evidence (H1 [memorised] supported,
+  H1 [evidence_only] not: EM 0.5 there), CER raises CEU_ev there by 0.8 in every seed
+  (H2 [memorised] supported by the rule over 3 seeds)."""
+  entries = []
+  for k in range(3):
+    entries.append((f'baseline/s{k}', _write_eval(
+        tmp_path, f'ft{k}', _world_rows(k, mem_ev=0.1, mem_dis=0.3, ev_only_correct=10),
+        _robust(range(20)), regularizer='none')))
+  for k in range(3):
+    entries.append((f'cer/s{k}', _write_eval(
+        tmp_path, f'cer{k}', _world_rows(k, mem_ev=0.9, mem_dis=0.05, ev_only_correct=10),
+        _robust(range(20)), regularizer='evidence_distractor')))
+  assert paired.setting_and_seed('cer/s2') == ('cer', 's2')
+  assert paired.setting_and_seed('cer') == ('cer', 'run')
+  text = paired.section(entries, num_resamples=200)
+  assert '| metric | cer − baseline |' in text      # two settings, one comparison
+  # ceu_ev [memorised]: +0.8 in every seed (the seed offsets cancel), each seed's CI.
+  line = next(l for l in text.splitlines() if l.startswith('| ceu_ev [memorised] |'))
+  assert '+0.800 ± 0.000 over 3 seeds (s0: +0.800 [+0.800, +0.800] n=20; s1:' in line
+  verdict = {l.split(' | ')[0][2:]: l.split(' | ')[2] for l in text.splitlines()
+             if l.startswith('| H')}
+  assert verdict['H1 SmolLM2-135M baseline [memorised]'] == '**supported**'
+  assert verdict['H1 SmolLM2-135M baseline [evidence_only]'] == '**not supported**'
+  assert verdict['H1 SmolLM2-135M baseline'] == '**supported**'   # 20/40 unsupported ≥ 0.25
+  assert verdict['H2 SmolLM2-135M [memorised], cer vs baseline (fixed denominator)'] == (
+      '**supported**')
+  # evidence_only: CER equals the baseline there: H2 not supported (zero differences).
+  assert verdict['H2 SmolLM2-135M [evidence_only], cer vs baseline (§1 denominator)'] == (
+      '**not supported**')
+
+
+def test_seeded_labels_that_mix_roles_or_repeat_are_refused(tmp_path):
+  a = _write_eval(tmp_path, 'a', _rows(range(3)), _robust(()), regularizer='none')
+  b = _write_eval(tmp_path, 'b', _rows(range(3)), _robust(()), regularizer='evidence')
+  with pytest.raises(ValueError, match="the runs of 'x' mix roles"):
+    paired.section([('x/s0', a), ('x/s1', b)])
+  with pytest.raises(ValueError, match="two runs labelled 'x/s0'"):
+    paired.section([('x/s0', a), ('x/s0', a)])
+  with pytest.raises(ValueError, match='no training seed in common'):
+    paired.compare({'s0': paired.load_items(os.path.dirname(a))},
+                   {'s1': paired.load_items(os.path.dirname(b))})

@@ -20,12 +20,17 @@ and `grid.paired.item_pairs` for what a metric is on an item:
                evidence_only), and em / f1 [no_evidence] on the memorised items without
                their evidence (rows batches/no_evidence_<b>.json).
 
-One training seed per run, so a verdict is decided by the paired 95% CI (`claims.RULE`
-with one seed): SPEC §6's H2 for every (baseline, CER) pair, both denominators, and H1
-for every baseline (`grid.paired.h2_claims` / `h1_claims`, their thresholds).
+Runs labelled <setting>/<seed> (e.g. `baseline/s0`, `cer/s0`) group a setting trained
+with several seeds: two settings are paired seed by seed on each seed's shared items
+and a verdict is `claims.RULE` over the seeds (every seed with the predicted sign and
+|mean| ≥ its bound in sd); a setting of one run is decided by its paired 95% CI. SPEC
+§6's H2 for every (baseline, CER) pair, both denominators, and H1 for every baseline
+(`grid.paired.h2_claims` / `h1_claims`, their thresholds); in a memorisable-prior world
+both again on each scored stratum (memorised / evidence_only).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any, Sequence
@@ -137,11 +142,39 @@ def item_pairs(metric: str, a: dict, b: dict) -> tuple[np.ndarray, np.ndarray]:
   return x[keep], y[keep]
 
 
+SCORED_STRATA = ('memorised', 'evidence_only')   # a prior world's strata with CEU
+
+
+def setting_and_seed(label: str) -> tuple[str, str]:
+  """'cer/s1' -> ('cer', 's1'): runs of one setting trained with several seeds are
+  labelled <setting>/<seed>; a label without '/' is a setting of one run ('run')."""
+  setting, sep, seed = label.rpartition('/')
+  return (setting, seed) if sep and setting and seed else (label, 'run')
+
+
+def _seeds(x: dict, label: str) -> dict[str, dict]:
+  """{seed: items} of one evaluation's items, or of a {seed: items} mapping as is."""
+  return {label: x} if 'example_id' in x else dict(x)
+
+
+def restrict(items: dict, stratum: str) -> dict:
+  """A prior world's items of one stratum (every per-item field)."""
+  keep = items['stratum'] == stratum
+  return {k: v[keep] for k, v in items.items()}
+
+
 def compare(a: dict, b: dict, *, seed: int = 0, num_resamples: int = 1000,
             label: str = 'run') -> dict[str, claims.Difference]:
-  """{metric: B − A} (one seed, `label`), paired over the shared items."""
-  return {m: claims.paired(m, [(label, *item_pairs(m, b, a))], seed=seed,
-                           num_resamples=num_resamples) for m in metrics_of(a, b)}
+  """{metric: B − A}, paired over the shared items of each training seed. a, b: one
+  evaluation's items (one seed, `label`) or {seed label: items} of a setting trained with
+  several seeds; the seeds both settings have are paired (ValueError when none)."""
+  a, b = _seeds(a, label), _seeds(b, label)
+  seeds = [s for s in a if s in b]
+  if not seeds:
+    raise ValueError(f'no training seed in common: {sorted(a)} vs {sorted(b)}')
+  metrics = metrics_of(*(a[s] for s in seeds), *(b[s] for s in seeds))
+  return {m: claims.paired(m, [(s, *item_pairs(m, b[s], a[s])) for s in seeds], seed=seed,
+                           num_resamples=num_resamples) for m in metrics}
 
 
 def comparisons(arms: Sequence[tuple[str, dict]], **kw) -> list[dict]:
@@ -150,18 +183,21 @@ def comparisons(arms: Sequence[tuple[str, dict]], **kw) -> list[dict]:
           for i, (la, xa) in enumerate(arms) for lb, xb in arms[i + 1:]]
 
 
+def _cell(d: claims.Difference) -> str:
+  if len(d.per_seed) > 1:   # several seeds: mean ± sd over seeds, then each seed's CI
+    return d.text()
+  s = d.per_seed[0].diff if d.per_seed else None
+  return 'n/a' if s is None or s.value is None else f'{fmt_ci(s, 3, signed=True)} n={s.n}'
+
+
 def table(comps: Sequence[dict]) -> str:
-  """Markdown: one row per metric, one column per comparison (paired Δ [95% CI] n)."""
+  """Markdown: one row per metric, one column per comparison (paired Δ [95% CI] n; with
+  several seeds, mean ± sd over seeds and each seed's paired Δ)."""
   metrics = list(dict.fromkeys(m for c in comps for m in c['diffs']))
   lines = ['| metric | ' + ' | '.join(f"{c['b']} − {c['a']}" for c in comps) + ' |',
            '|---|' + '---|' * len(comps)]
   for m in metrics:
-    cells = []
-    for c in comps:
-      d = c['diffs'].get(m)
-      s = d.per_seed[0].diff if d is not None and d.per_seed else None
-      cells.append('n/a' if s is None or s.value is None
-                   else f'{fmt_ci(s, 3, signed=True)} n={s.n}')
+    cells = [_cell(c['diffs'][m]) if m in c['diffs'] else 'n/a' for c in comps]
     lines.append(f'| {LABELS.get(m, m)} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
@@ -169,18 +205,30 @@ def table(comps: Sequence[dict]) -> str:
 def verdicts(arms: Sequence[tuple[str, dict]], roles: dict[str, str], *, seed: int = 0,
              num_resamples: int = 1000) -> list[claims.Claim]:
   """H1 for every baseline arm and H2 (both denominators) for every (baseline, CER) pair,
-  decided by `claims.RULE` with one seed. roles: label -> 'base' | 'baseline' | 'cer'."""
+  decided by `claims.RULE` over the arms' training seeds (one seed: its paired 95% CI).
+  roles: label -> 'base' | 'baseline' | 'cer'; an arm is one evaluation's items or
+  {seed: items}. A prior world adds both claims on each scored stratum (memorised,
+  evidence_only: the parametric shortcut lives in the first)."""
   kw = dict(seed=seed, num_resamples=num_resamples)
-  by = dict(arms)
+  by = {l: _seeds(x, 'run') for l, x in arms}
   base = [l for l, _ in arms if roles.get(l) == 'baseline']
   cer = [l for l, _ in arms if roles.get(l) == 'cer']
-  h1 = grid_paired.h1_claims(
-      None, [dict(config={'model.family': f'{MODEL} {l}', 'seed': 'run'}, cell_id=l)
-             for l in base],
-      load=lambda _, cell: by[cell], **kw)
-  comps = [dict(name=MODEL, variant=f'{c} vs {b}', diffs=compare(by[b], by[c], **kw))
-           for b in base for c in cer]
-  return h1 + grid_paired.h2_claims(comps)
+  world = all('stratum' in x for l in base + cer for x in by[l].values())
+  scopes = [('', lambda x: x)] + ([(f' [{st}]', functools.partial(restrict, stratum=st))
+                                   for st in SCORED_STRATA] if world and base else [])
+  out: list[claims.Claim] = []
+  for tag, view in scopes:
+    out += grid_paired.h1_claims(
+        None, [dict(config={'model.family': f'{MODEL} {l}{tag}', 'seed': s}, cell_id=(l, s))
+               for l in base for s in by[l]],
+        load=lambda _, cell, view=view: view(by[cell[0]][cell[1]]), **kw)
+  for tag, view in scopes:
+    comps = [dict(name=MODEL + tag, variant=f'{c} vs {b}',
+                  diffs=compare({s: view(x) for s, x in by[b].items()},
+                                {s: view(x) for s, x in by[c].items()}, **kw))
+             for b in base for c in cer]
+    out += grid_paired.h2_claims(comps)
+  return out
 
 
 def role(summary_path: str, summary: dict) -> str | None:
@@ -199,23 +247,37 @@ def role(summary_path: str, summary: dict) -> str | None:
 def section(entries: Sequence[tuple[str, str]], *, seed: int = 0,
             num_resamples: int = 1000) -> str:
   """The report's paired section for (label, eval_*/summary.json) entries: the table of
-  every pair and the claims, or a line saying which entry has no per-item rows."""
-  arms: list[tuple[str, Any]] = []
-  roles = {}
+  every pair of settings and the claims, or a line saying which entry has no per-item
+  rows. Labels <setting>/<seed> group the runs of one setting trained with several seeds
+  (`setting_and_seed`): settings are paired seed by seed and the claims decided over
+  seeds."""
+  arms: dict[str, dict] = {}
+  roles: dict[str, str | None] = {}
   for label, path in entries:
     items = load_items(os.path.dirname(path))
     if items is None:
       return (f'Paired comparisons: no per-item rows beside {path} (batches/); rerun '
               'its evaluation (finished batches are kept) to get them.\n')
-    arms.append((label, items))
-    roles[label] = role(path, io.read_json(path))
+    setting, run_seed = setting_and_seed(label)
+    if run_seed in arms.setdefault(setting, {}):
+      raise ValueError(f'--report: two runs labelled {label!r}')
+    arms[setting][run_seed] = items
+    r = role(path, io.read_json(path))
+    if roles.setdefault(setting, r) != r:
+      raise ValueError(f'--report: the runs of {setting!r} mix roles ({roles[setting]} and '
+                       f'{r}); label each setting\'s runs <setting>/<seed>')
   if len(arms) < 2:
     return ''
   kw = dict(seed=seed, num_resamples=num_resamples)
-  out = ['Paired differences on the shared held-out items (later − earlier run; paired '
-         f'bootstrap 95% CI over items, {num_resamples} resamples, seed {seed}; n = items '
-         'paired):', '', table(comparisons(arms, **kw))]
-  cs = verdicts(arms, roles, **kw)
+  settings = list(arms.items())
+  n_seeds = max(len(x) for _, x in settings)
+  how = ('paired bootstrap 95% CI over items' if n_seeds == 1 else
+         'mean ± sd over the training seeds both settings have, then each seed\'s paired '
+         'bootstrap 95% CI over items')
+  out = ['Paired differences on the shared held-out items (later − earlier setting; '
+         f'{how}, {num_resamples} resamples, seed {seed}; n = items paired):', '',
+         table(comparisons(settings, **kw))]
+  cs = verdicts(settings, roles, **kw)
   if cs:
     out += ['', claims.table(cs)]
   return '\n'.join(out) + '\n'
