@@ -20,7 +20,8 @@ Variants:
         the 240-item evaluation (an estimate, not measured: no accelerator was available).
         On this CPU it would take days (16x the tokens of a :cpu step per step).
 Arguments: `variant,regularizer=none|evidence|evidence_distractor,full=true|false,
-read_layer=L,steps=N`, e.g. `configs/smollm2_cer.py:cpu,regularizer=none`.
+read_layer=L,steps=N,swap=β` (β ≥ 0 of the swap hinge; CER only), e.g.
+`configs/smollm2_cer.py:cpu,regularizer=none`.
 Memorisable-prior world (issue #36; `ceu_jax.data.factqa.prior_world`): `world=true` adds
 the `data.world` section, with `rho=` (share of items memorised, (0, 1]), `eta=` (share
 of training contexts without the evidence, [0, 1]), `repeats=` (rows per memorised item
@@ -54,7 +55,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        rho=common.Opt(float, min=0.0, max=1.0),
                        eta=common.Opt(float, min=0.0, max=1.0),
                        repeats=common.Opt(int, min=1), epochs=common.Opt(int, min=1),
-                       conflict=common.Opt(float, min=0.0, max=1.0))
+                       conflict=common.Opt(float, min=0.0, max=1.0),
+                       swap=common.Opt(float, min=0.0))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   given = [k for k in ('rho', 'eta', 'repeats', 'epochs', 'conflict') if a[k] is not None]
@@ -64,6 +66,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if a.world and a.rho == 0.0:
     raise ValueError("config argument rho=0.0 is not allowed: rho must be > 0 (a world "
                      "needs memorised items; world=false is the plain task)")
+  if a.swap and a.regularizer == 'none':
+    raise ValueError('config argument swap needs a CER regularizer (regularizer=none is the '
+                     'baseline: no CER and no swap term)')
   tiny, cpu = a.variant == 'tiny', a.variant == 'cpu'
   c = ml_collections.ConfigDict()
   c.seed = 0                       # pair order, spans, adapter init
@@ -139,7 +144,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       k=3,                         # probes: ev, dis, control
       alpha=0.6, lambda_ev=1.0, lambda_dis=0.5,  # SPEC §4 weights
       corruption='entity_swap',    # D− = the answer mentions swapped (token-aligned)
-      gap_floor=0.25)              # γ₀: CER terms scaled by gap/γ₀ below it
+      gap_floor=0.25,              # γ₀: CER terms scaled by gap/γ₀ below it
+      beta_swap=a.swap or 0.0)     # β of SPEC §4's swap hinge [γ − (L+ − L−)]_+ (γ = 2 nats):
+                                   # opens a gap the evidence hinge cannot see (a reader
+                                   # answering from memory has L+ ≈ L−; the main job uses β = 1)
 
   e = c.eval = ml_collections.ConfigDict()
   e.num_examples = 8 if tiny else 240  # held-out pairs evaluated (>= 200 for the table)

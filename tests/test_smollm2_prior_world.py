@@ -198,6 +198,7 @@ def test_too_few_candidates_is_an_error_naming_the_field():
     ('tiny,world=true,repeats=0', 'repeats must be an integer >= 1'),
     ('tiny,eta=0.3', 'eta needs world=true'),
     ('tiny,conflict=0.3', 'conflict needs world=true'),
+    ('tiny,regularizer=none,swap=1', 'swap needs a CER regularizer'),
     ('tiny,world=true,conflict=1.2', 'conflict must be a number >= 0.0 and <= 1.0'),
 ])
 def test_bad_config_arguments(arg, message):
