@@ -322,6 +322,19 @@ def test_tiny_world_cli_trains_and_evaluates_by_stratum(tmp_path, tiny_world):
   np.testing.assert_allclose(st['no_evidence']['nll']['value'],
                              -np.mean([r['L_plus'] for r in free]), rtol=1e-9)
   assert s['delta_test']['0.9']['strata']['memorised']['n'] == 2
+  # The report's CEU_ev-by-layer profile per stratum: the mean over each stratum's
+  # non-degenerate rows at every layer.
+  from ceu_jax.finetune import evaluate as cer_eval
+  prof = cer_eval.stratum_profiles(out, num_resamples=50)
+  for name in ('memorised', 'evidence_only'):
+    for e in prof[name]['per_layer']:
+      vals = [r['ceu_ev'] for r in clean if r['layer'] == e['layer'] and
+              r['stratum'] == name and r['ceu_ev'] is not None]
+      got = e['ev']['ceu']['value']
+      assert (got is None) if not vals else got == pytest.approx(np.mean(vals), abs=1e-12)
+  cer_eval.report([('w', os.path.join(out, 'summary.json'))], str(tmp_path / 'rep'),
+                  num_resamples=50)
+  assert (tmp_path / 'rep' / 'layer_profiles_strata.png').exists()
 
 
 @needs_model

@@ -277,7 +277,8 @@ def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
 
   entries: (label, path of an eval_*/summary.json). Reads only those files and the
   per-item rows beside them (no model is loaded). Writes out_dir/table.md and
-  out_dir/layer_profiles.{png,pdf}; returns the tables: one row per run, the
+  out_dir/layer_profiles.{png,pdf} (a prior world: also layer_profiles_strata.{png,pdf},
+  CEU_ev by layer per stratum); returns the tables: one row per run, the
   robustness table, and the paired differences of every pair of runs on their shared
   items with the H1 / H2 verdicts (`finetune.paired.section`; `seed`, `num_resamples`
   of its bootstrap).
@@ -328,7 +329,58 @@ def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3)
   save_figure(fig, os.path.join(out_dir, 'layer_profiles'))
+  if any('strata' in s for _, s in sums):
+    plot_stratum_profiles(entries, os.path.join(out_dir, 'layer_profiles_strata'),
+                          seed=seed, num_resamples=num_resamples)
   return table
+
+
+def stratum_profiles(eval_dir: str, *, seed: int = 0,
+                     num_resamples: int = 1000) -> dict[str, dict] | None:
+  """{stratum: `audit_nq.summarize` of its items} of a prior world's evaluation, from the
+  per-item rows (CEU by layer with bootstrap CIs; the evaluation's ε); None without rows."""
+  got = paired.read_rows(eval_dir)
+  if got is None:
+    return None
+  rows = got[0]
+  eps = float(io.read_json(os.path.join(eval_dir, 'summary.json'))['profile']['eps'])
+  cfg = types.SimpleNamespace(num_resamples=num_resamples, seed=seed, eps=eps)
+  n_layers = max(int(r['layer']) for r in rows) + 1
+  return {st: audit_nq.summarize([r for r in rows if r.get('stratum') == st], SPAN_PROBES,
+                                 n_layers, cfg) for st in paired.SCORED_STRATA}
+
+
+def plot_stratum_profiles(entries: list[tuple[str, str]], stem: str, *, seed: int = 0,
+                          num_resamples: int = 1000) -> None:
+  """CEU_ev by layer, one panel per scored stratum of a prior world, one line (95%
+  bootstrap band) per evaluation -> stem.{png,pdf}."""
+  from matplotlib.figure import Figure
+
+  from ceu_jax.plotting import save_figure
+  profiles = [(label, stratum_profiles(os.path.dirname(path), seed=seed,
+                                       num_resamples=num_resamples)) for label, path in entries]
+  fig = Figure(figsize=(11, 4))
+  axes = fig.subplots(1, len(paired.SCORED_STRATA), sharey=True)
+  for ax, st in zip(axes, paired.SCORED_STRATA):
+    for label, prof in profiles:
+      if not prof:
+        continue
+      per = prof[st]['per_layer']
+      layers = [e['layer'] for e in per]
+      get = lambda k: np.array([np.nan if e[EV]['ceu'][k] is None else e[EV]['ceu'][k]
+                                for e in per])
+      line, = ax.plot(layers, get('value'), marker='o', ms=3,
+                      label=f"{label} (n={prof[st]['n_examples']})")
+      ax.fill_between(layers, get('ci_low'), get('ci_high'), color=line.get_color(),
+                      alpha=0.15)
+    ax.set(title=f'{st} items', xlabel='layer ℓ (read port layers_ℓ/attn)')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  axes[0].set_ylabel('mean CEU_ev (non-degenerate items)')
+  fig.suptitle('SmolLM2-135M in the memorisable-prior world: CEU_ev by layer and stratum '
+               '(95% bootstrap CI)', fontsize=10, y=1.0)
+  fig.tight_layout()
+  save_figure(fig, stem)
 
 
 # ----------------------------------------------------------------------------

@@ -86,15 +86,13 @@ def items_from_rows(rows: Sequence[dict], read_layer: int,
   return out
 
 
-def load_items(eval_dir: str, read_layer: int | None = None) -> dict[str, np.ndarray] | None:
-  """`items_from_rows` of <eval_dir>/batches/ (read_layer from its summary.json when
-  None); None when the directory holds no per-item rows."""
+def read_rows(eval_dir: str) -> tuple[list, dict, list] | None:
+  """(clean rows: item × layer, {δ: robustness rows}, no_evidence rows) of
+  <eval_dir>/batches/; None when the directory holds no per-item rows."""
   bdir = os.path.join(eval_dir, 'batches')
   names = sorted(os.listdir(bdir)) if os.path.isdir(bdir) else []
   if not any(_CLEAN.match(n) for n in names):
     return None
-  if read_layer is None:
-    read_layer = int(io.read_json(os.path.join(eval_dir, 'summary.json'))['read_layer'])
   rows, robust, free = [], {}, []
   for n in names:
     m = _DELTA.match(n)
@@ -104,6 +102,18 @@ def load_items(eval_dir: str, read_layer: int | None = None) -> dict[str, np.nda
       robust.setdefault(m.group(1), []).extend(io.read_json(os.path.join(bdir, n)))
     elif _FREE.match(n):
       free += io.read_json(os.path.join(bdir, n))
+  return rows, robust, free
+
+
+def load_items(eval_dir: str, read_layer: int | None = None) -> dict[str, np.ndarray] | None:
+  """`items_from_rows` of <eval_dir>/batches/ (read_layer from its summary.json when
+  None); None when the directory holds no per-item rows."""
+  got = read_rows(eval_dir)
+  if got is None:
+    return None
+  if read_layer is None:
+    read_layer = int(io.read_json(os.path.join(eval_dir, 'summary.json'))['read_layer'])
+  rows, robust, free = got
   return items_from_rows(rows, read_layer, robust, free)
 
 
