@@ -148,7 +148,11 @@ def test_report_section_says_when_per_item_rows_are_missing(tmp_path):
   text = paired.section([('old', old), ('ft', p)])
   assert text.startswith('Paired comparisons: no per-item rows beside ' + old)
   assert paired.load_items(os.path.dirname(old)) is None
-  assert paired.section([('ft', p)]) == ''     # one run: nothing to pair
+  one = paired.section([('ft', p)])       # one run: nothing to pair, a baseline's H1
+  assert one.startswith('Claims of one setting') and '| H1 SmolLM2-135M ft |' in one
+  assert '| metric |' not in one and '| H2' not in one
+  cer = _write_eval(tmp_path, 'cer', _rows(range(3)), _robust(()), regularizer='evidence')
+  assert paired.section([('cer', cer)]) == ''   # a CER run alone: no claim to decide
 
 
 def _world_rows(seed: int, *, mem_ev: float, mem_dis: float, ev_only_correct: int):

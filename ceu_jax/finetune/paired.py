@@ -258,7 +258,7 @@ def section(entries: Sequence[tuple[str, str]], *, seed: int = 0,
             num_resamples: int = 1000) -> str:
   """The report's paired section for (label, eval_*/summary.json) entries: the table of
   every pair of settings and the claims, or a line saying which entry has no per-item
-  rows. Labels <setting>/<seed> group the runs of one setting trained with several seeds
+  rows (one setting: its H1 only, if it is a baseline). Labels <setting>/<seed> group the runs of one setting trained with several seeds
   (`setting_and_seed`): settings are paired seed by seed and the claims decided over
   seeds."""
   arms: dict[str, dict] = {}
@@ -276,10 +276,12 @@ def section(entries: Sequence[tuple[str, str]], *, seed: int = 0,
     if roles.setdefault(setting, r) != r:
       raise ValueError(f'--report: the runs of {setting!r} mix roles ({roles[setting]} and '
                        f'{r}); label each setting\'s runs <setting>/<seed>')
-  if len(arms) < 2:
-    return ''
   kw = dict(seed=seed, num_resamples=num_resamples)
   settings = list(arms.items())
+  if len(arms) < 2:   # nothing to pair: a baseline's H1 only (it needs no second run)
+    cs = verdicts(settings, roles, **kw)
+    return (f'Claims of one setting (no second one to pair with):\n\n{claims.table(cs)}\n'
+            if cs else '')
   n_seeds = max(len(x) for _, x in settings)
   how = ('paired bootstrap 95% CI over items' if n_seeds == 1 else
          'mean ± sd over the training seeds both settings have, then each seed\'s paired '
