@@ -46,3 +46,16 @@ def write_json_atomic(path: str, obj: Any) -> None:
 def read_json(path: str) -> Any:
   with open(path) as f:
     return json.load(f)
+
+
+def read_jsonl(path: str) -> list:
+  """The JSON lines of a file, a torn or unreadable line (a writer killed mid-line)
+  skipped."""
+  out = []
+  with open(path) as f:
+    for line in f:
+      try:
+        out.append(json.loads(line))
+      except ValueError:
+        continue
+  return out

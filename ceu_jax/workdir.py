@@ -309,14 +309,12 @@ def _metric_steps(workdir: str) -> tuple[int, int]:
   """(lines, largest step) of W/metrics.jsonl (torn lines skipped)."""
   path = os.path.join(workdir, "metrics.jsonl")
   lines, last = 0, -1
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          last = max(last, int(json.loads(line)["step"]))
-          lines += 1
-        except (ValueError, KeyError, TypeError):
-          continue
+  for row in io.read_jsonl(path) if os.path.exists(path) else ():
+    try:
+      last = max(last, int(row["step"]))
+      lines += 1
+    except (ValueError, KeyError, TypeError):
+      continue
   return lines, last
 
 

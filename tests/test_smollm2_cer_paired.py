@@ -213,3 +213,23 @@ def test_seeded_labels_that_mix_roles_or_repeat_are_refused(tmp_path):
   with pytest.raises(ValueError, match='no training seed in common'):
     paired.compare({'s0': paired.load_items(os.path.dirname(a))},
                    {'s1': paired.load_items(os.path.dirname(b))})
+
+
+def test_hinge_activity_from_the_logged_training_batches(tmp_path):
+  """3 of 4 logged batches with an active evidence hinge (shares 0.5, 0.25, 0, 1), a torn
+  last line skipped; a baseline's lines (no CER terms) give no row."""
+  from ceu_jax.finetune import evaluate as cer_eval
+  cer = _write_eval(tmp_path, 'cer', _rows(range(3)), _robust(()), regularizer='evidence')
+  base = _write_eval(tmp_path, 'ft', _rows(range(3)), _robust(()), regularizer='none')
+  with open(tmp_path / 'cer' / 'metrics.jsonl', 'w') as f:
+    for step, act, swap in ((1, 0.5, 0.2), (10, 0.25, 0.0), (20, 0.0, 0.0), (30, 1.0, 0.4)):
+      f.write(json.dumps(dict(split='train', step=step, cer_ev_active=act, swap=swap)) + '\n')
+    f.write(json.dumps(dict(split='eval', step=30, em=1.0)) + '\n{"split": "tr')
+  with open(tmp_path / 'ft' / 'metrics.jsonl', 'w') as f:
+    f.write(json.dumps(dict(split='train', step=1, task_nll=2.0)) + '\n')
+  h = cer_eval.hinge_activity(str(tmp_path / 'cer'))
+  assert h == {'batches': 4, 'active': 0.75, 'rows': pytest.approx(0.4375),
+               'swap': pytest.approx(0.15)}
+  assert cer_eval.hinge_activity(str(tmp_path / 'ft')) is None
+  text = cer_eval.hinge_table([('ft', base), ('cer', cer)])
+  assert text.splitlines()[2:] == ['| cer | 4 | 0.750 | 0.438 | 0.150 |']

@@ -306,6 +306,9 @@ def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
       lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
   if any('strata' in s for _, s in sums):   # a prior world: one row per run and stratum
     lines += ['', strata_table(sums)]
+  hinge = hinge_table(entries)
+  if hinge:
+    lines += ['', hinge]
   table = '\n'.join(lines) + '\n'
   pair_text = paired.section(entries, seed=seed, num_resamples=num_resamples)
   if pair_text:
@@ -333,6 +336,37 @@ def report(entries: list[tuple[str, str]], out_dir: str, *, seed: int = 0,
     plot_stratum_profiles(entries, os.path.join(out_dir, 'layer_profiles_strata'),
                           seed=seed, num_resamples=num_resamples)
   return table
+
+
+def hinge_activity(workdir: str) -> dict | None:
+  """How often CER's evidence hinge bit during a run, from its logged training batches
+  (<workdir>/metrics.jsonl, one batch every train.log_every steps): {batches, active
+  (share of logged batches with any row's hinge > 0), rows (mean share of the rows with a
+  CER term whose hinge is > 0), swap (mean swap term)}; None for a run without CER terms."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return None
+  rows = [r for r in io.read_jsonl(path) if r.get('split') == 'train' and 'cer_ev_active' in r]
+  if not rows:
+    return None
+  act = np.array([float(r['cer_ev_active']) for r in rows])
+  return {'batches': len(rows), 'active': float(np.mean(act > 0)), 'rows': float(act.mean()),
+          'swap': float(np.mean([float(r.get('swap', 0.0)) for r in rows]))}
+
+
+def hinge_table(entries: list[tuple[str, str]]) -> str:
+  """Markdown: CER's hinge activity per trained run with CER terms ('' when none)."""
+  lines = []
+  for label, path in entries:
+    h = hinge_activity(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+    if h:
+      lines.append(f"| {label} | {h['batches']} | {h['active']:.3f} | {h['rows']:.3f} | "
+                   f"{h['swap']:.3f} |")
+  if not lines:
+    return ''
+  return '\n'.join(['| CER run | logged training batches | share with the evidence hinge '
+                    'active | mean share of CER rows active | mean swap term |',
+                    '|---|---|---|---|---|'] + lines)
 
 
 def stratum_profiles(eval_dir: str, *, seed: int = 0,
