@@ -1,0 +1,57 @@
+"""The recorded evaluations behind docs/smollm2_cer.md's shortcut-world verdicts (issue #36
+item 2) re-decided from their per-item rows: docs/runs/issue36_world_c.tar.gz holds the
+four runs' eval_trained/ (summary.json, per-item batches), config.json and metrics.jsonl;
+`evaluate.report` over them must print the verdicts and numbers the docs and the README
+quote (no model is loaded)."""
+from __future__ import annotations
+
+import os
+import tarfile
+
+import pytest
+
+from ceu_jax.finetune import evaluate as cer_eval
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARCHIVE = os.path.join(ROOT, 'docs', 'runs', 'issue36_world_c.tar.gz')
+RUNS = {'baseline/s0': 'pw_ft_c', 'baseline/s1': 'pw_ft_c_s1', 'cer/s0': 'pw_cer_c',
+        'cer/s1': 'pw_cer_c_s1'}
+
+
+@pytest.fixture(scope='module')
+def text(tmp_path_factory):
+  root = tmp_path_factory.mktemp('world_c')
+  with tarfile.open(ARCHIVE) as tar:
+    tar.extractall(root, filter='data')
+  entries = [(label, str(root / run / 'eval_trained' / 'summary.json'))
+             for label, run in RUNS.items()]
+  return cer_eval.report(entries, str(root / 'report'))
+
+
+def _verdict(text: str, name: str) -> str:
+  (line,) = [l for l in text.splitlines() if l.startswith(f'| {name} |')]
+  return line.split(' | ')[2]
+
+
+def test_the_recorded_runs_give_the_documented_verdicts(text):
+  assert _verdict(text, 'H1 SmolLM2-135M baseline [memorised]') == '**not supported**'
+  assert _verdict(text, 'H1 SmolLM2-135M baseline') == '**not supported**'
+  for scope in ('', ' [memorised]'):
+    for den in ('fixed denominator', '§1 denominator'):
+      name = f'H2 SmolLM2-135M{scope}, cer vs baseline ({den})'
+      assert _verdict(text, name) == '**supported**', name
+  assert _verdict(text, 'H2 SmolLM2-135M [evidence_only], cer vs baseline (fixed denominator)'
+                  ) == '**not supported**'
+
+
+def test_the_recorded_runs_give_the_documented_numbers(text):
+  lines = text.splitlines()
+  row = lambda head: next(l for l in lines if l.startswith(head))
+  assert '+0.274 ± 0.063 over 2 seeds (s0: +0.319 [+0.203, +0.439] n=40; s1: +0.230' in row(
+      '| ceu_ev_fixed [memorised] |')
+  assert '+0.263 ± 0.088 over 2 seeds (s0: +0.325 [+0.200, +0.475] n=40; s1: +0.200' in row(
+      '| supported [memorised] |')
+  assert '| baseline/s0 | memorised | 40 | 1.000 [1.000, 1.000] |' in text
+  assert row('| baseline/s0 | memorised |').endswith('| 0.425 [0.275, 0.575] |')
+  assert row('| baseline/s1 | memorised |').endswith('| 0.250 [0.125, 0.400] |')
+  assert '| cer/s0 | 25 | 0.600 | 0.487 | 0.166 |' in text
