@@ -11,7 +11,9 @@ Variants:
   cpu   all 30 layers, LoRA r=8, batch 4, 60 steps, 40 held-out items. Sized from a measured
         step (docs/smollm2_trace_readers.md): one fine-tune + competence check <= 45 min on
         the 2-core machine.
-Arguments: `variant,regime=following|shortcut|plain,steps=N,p_corrupt=P,seed=S`.
+Arguments: `variant,regime=following|shortcut|plain,steps=N,p_corrupt=P,seed=S,memorised=M,rho=R`
+(memorised / rho: the first M audit problems recur in a share R of the rows — the parametric
+channel a shortcut reader can answer from; both 0 by default).
 Rows (ceu_jax.audits.traces.finetune): the audit's prompt (World B's solved demonstrations, then
 the question, ending 'Step 1:'), a forced prefix (none, or the gold steps before k and step k
 corrupted as the audit's LogicFlip / FactReversal corrupt it; no loss), then the target: the
@@ -33,7 +35,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = common.parse_arg(arg, variant='cpu', regime=common.Opt(str, choices=REGIMES),
                        steps=common.Opt(int, min=1),
                        p_corrupt=common.Opt(float, min=0.0, max=1.0),
-                       seed=common.Opt(int, min=0))
+                       seed=common.Opt(int, min=0), memorised=common.Opt(int, min=0),
+                       rho=common.Opt(float, min=0.0, max=1.0))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   tiny = a.variant == 'tiny'
@@ -43,6 +46,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d = c.data = ml_collections.ConfigDict()
   d.regime = a.regime or 'following'  # following | shortcut | plain (module doc)
   d.p_corrupt = common.given_or(a.p_corrupt, 0.5)  # share of rows with a corrupted step (not plain)
+  d.memorised = common.given_or(a.memorised, 0)  # the first M audit problems recur (0: none)
+  d.rho = common.given_or(a.rho, 0.0)  # share of rows drawn from them (module doc of finetune)
   d.taus = ('logic_flip', 'fact_reversal')  # corruptions drawn (the audit's ArithmeticDomain.edit)
   d.hops = (2, 3, 4)               # operations per training problem
   d.n_shots = 2                    # World B's demonstrations before each question (= smollm2.n_shots)

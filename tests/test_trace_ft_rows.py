@@ -152,3 +152,104 @@ def test_bad_config_names_the_field(field, value, match):
     tt.validate(c)
   with pytest.raises(ValueError, match='regime must be one of following, shortcut, plain'):
     cf.get_config('tiny,regime=faithful')
+
+
+# ---------------------------------------------------------------- memorised problems
+def _pool_reference(seed, m, rho, n_rows):
+  """Plain loop: which pool item each row reads (None: fresh), counting pool rows so far."""
+  from fractions import Fraction
+  rho, out, c = Fraction(rho).limit_denominator(10**6), [], 0
+  for r in range(n_rows):
+    if (r + 1) * rho >= c + 1:        # ⌊(r+1)ρ⌋ > c: this row is pool row c
+      e, j = divmod(c, m)
+      out.append(int(np.random.default_rng([seed, tt.POOL_SALT, e]).permutation(m)[j]))
+      c += 1
+    else:
+      out.append(None)
+  return out
+
+
+@pytest.mark.parametrize('m,rho', [(5, 0.5), (7, 0.3), (3, 1.0)])
+def test_memorised_pool_schedule_against_a_plain_loop(m, rho):
+  c = cf.get_config(f'tiny,regime=shortcut,memorised={m},rho={rho}')
+  tt.validate(c)
+  got = [tt.pool_index(c, r) for r in range(200)]
+  assert got == _pool_reference(c.seed, m, rho, 200)
+  hits = [j for j in got if j is not None]
+  assert len(hits) == int(200 * rho + 1e-9)
+  for e in range(len(hits) // m):   # every pass visits each pool item once
+    assert sorted(hits[e * m:(e + 1) * m]) == list(range(m))
+  ex = tt.excluded(c)
+  pool = {x.id for x in tt.pool_items(c)}
+  assert pool == {f'arith:0:{i}' for i in range(m)}   # the audit's first m items
+  for r, j in enumerate(got[:80]):
+    row = tt.training_row(c, DOM, r, ex)
+    assert (row.item.id in pool) == (j is not None)
+    if j is not None:
+      assert row.item == ar.make_arith_item(0, j)
+    else:
+      assert tt.problem(row.item) not in ex
+
+
+def test_no_pool_leaves_the_rows_unchanged_and_regimes_share_pool_rows():
+  c0 = cf.get_config('tiny,regime=shortcut')
+  assert (c0.data.memorised, c0.data.rho) == (0, 0.0)
+  assert all(tt.pool_index(c0, r) is None for r in range(100))
+  f = cf.get_config('tiny,regime=following,memorised=4,rho=0.5,p_corrupt=1.0')
+  s = cf.get_config('tiny,regime=shortcut,memorised=4,rho=0.5,p_corrupt=1.0')
+  ex = tt.excluded(f)
+  n_strong = 0
+  for r in range(0, 40, 2):   # odd rows are the pool rows at ρ = 1/2 (⌊(r+1)/2⌋ > ⌊r/2⌋)
+    a, b = tt.training_row(f, DOM, r + 1, ex), tt.training_row(s, DOM, r + 1, ex)
+    assert a.item == b.item and a.item.id.startswith('arith:0:') and (a.k, a.tau) == (b.k, b.tau)
+    assert a.answer == a.implied and b.answer == b.gold == b.item.answer
+    n_strong += a.implied != a.gold
+  assert n_strong >= 10
+
+
+@pytest.mark.parametrize('arg,match', [
+    ('memorised=4', r'data.memorised \(4\) and data.rho \(0.0\) must be both 0'),
+    ('rho=0.5', r'data.memorised \(0\) and data.rho \(0.5\) must be both 0'),
+])
+def test_pool_config_errors(arg, match):
+  with pytest.raises(ValueError, match=match):
+    tt.validate(cf.get_config(f'tiny,{arg}'))
+  c = cf.get_config('tiny,memorised=4,rho=0.5')
+  with c.unlocked():
+    c.data.n_excluded = 3
+  with pytest.raises(ValueError, match=r'data.memorised \(4\) must be <= data.n_excluded \(3\)'):
+    tt.validate(c)
+
+
+def test_competence_of_oracle_readers_known_exactly():
+  """A reader that follows its trace, one that ignores it, and one that ignores it only on
+  the memorised problems: accuracy, follow and gold rates on held-out and memorised items
+  are known exactly (every forced corruption counted is Strength 1: implied != gold)."""
+  from ceu_jax.audits.traces import chain_world as cw
+  from ceu_jax.audits.traces import competence as comp
+  c = cf.get_config('tiny,regime=shortcut,memorised=6,rho=0.5')
+  with c.unlocked():
+    c.eval.num_examples = 8
+  held, pool = tt.eval_items(c), tt.pool_items(c)
+  ids = {x.id for x in pool}
+  expect = {'follows': (1.0, 0.0, 1.0, 0.0), 'ignores': (0.0, 1.0, 0.0, 1.0),
+            'memorised_only': (1.0, 0.0, 0.0, 1.0)}
+  for name, (f_held, g_held, f_mem, g_mem) in expect.items():
+    rule = {'follows': lambda x: True, 'ignores': lambda x: False,
+            'memorised_only': lambda x: x.id not in ids}[name]
+    out = comp.competence(cw.TraceOracle(DOM, held + pool, rule), c, DOM, held)
+    for part, f, g in ((out, f_held, g_held), (out['memorised'], f_mem, g_mem)):
+      assert part['parse_rate'] == part['accuracy'] == part['own_trace'] == 1.0, name
+      k = part['corrupted']
+      assert k['n'] > 0 and k['parse_rate'] == 1.0, name
+      assert (k['follow'], k['gold']) == (f, g), name
+    assert out['competent'] and out['memorised']['n'] == 6
+    if name == 'memorised_only':   # the job's table: one row on held-out, one on memorised
+      from ceu_jax.audits.traces.job import competence_table
+      lines = competence_table({'smollm2_shortcut': out}).splitlines()
+      assert lines[2].startswith('| smollm2_shortcut | yes | 8 | 1.000 (≥ 0.5) |')
+      assert '| 1.000 | 0.000 |' in lines[2]   # follow, gold on held-out problems
+      assert lines[3].startswith('| smollm2_shortcut [memorised] | — | 6 | 1.000 |')
+      assert '| 0.000 | 1.000 |' in lines[3]
+  assert 'memorised' not in comp.competence(cw.following_oracle(DOM, held), cf.get_config(
+      'tiny'), DOM, held)

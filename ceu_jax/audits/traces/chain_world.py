@@ -176,7 +176,7 @@ class TraceOracle(oracles.Oracle):
       if forced is None:
         out.append(self._out(i, full, budget, stops))
         continue
-      steps = d.prefix_steps(d.concat(d.primer, forced[j]))
+      steps = d.prefix_steps(d.concat(d.primer, _joined(forced[j])))
       if self.follows(item):
         cont = self.domain.complete(item, steps)
       else:
@@ -187,6 +187,14 @@ class TraceOracle(oracles.Oracle):
 
   def _loglik(self, prompts, answers, ids):
     raise NotImplementedError('trace oracles do not score log-likelihoods')
+
+
+def _joined(forced):
+  """A text forced prefix given as a list of text parts (the Reader contract's mixed form)
+  as one text; anything else (a text, World A's token sequences) as it is."""
+  if isinstance(forced, list) and forced and all(isinstance(x, str) for x in forced):
+    return ''.join(forced)
+  return forced
 
 
 def following_oracle(domain, items) -> TraceOracle:

@@ -9,7 +9,10 @@ imply, `arithmetic.implied`); and on the same problems with one seeded Strength-
 corruption forced (LogicFlip / FactReversal, `finetune.make_row`): how often the parsed
 answer is the implied one (follow) and the gold (gold). `competent` = accuracy >=
 eval.min_accuracy and parse rate >= eval.min_parse_rate: a reader below is reported as not
-competent, never audited as if it had learned the task. `run` trains a smollm2_traces
+competent, never audited as if it had learned the task. With memorised problems
+(data.memorised > 0, `finetune`) the same measures on them, under `memorised`: a shortcut
+reader answers them with the gold whatever the forced trace says, a following reader with
+the trace's answer. `run` trains a smollm2_traces
 config in the one loop unless its workdir holds a completed run (the adapters are reused),
 restores the adapters, merges them into the weights for an ordinary SmolLM2Reader and
 writes W/competence.json (reused while the eval section and checkpoint step are unchanged).
@@ -26,13 +29,14 @@ from ceu_jax import io
 from ceu_jax import sharding as sharding_lib
 from ceu_jax.audits.traces import arithmetic as ar
 from ceu_jax.audits.traces.finetune import (EVAL_SALT, SmolLM2TraceTask, draw, eval_items,
-                                            make_row)
+                                            make_row, pool_items)
 from ceu_jax.pretrained import lora as lora_lib
 
 
-def competence(reader, config: Any, dom: ar.ArithmeticDomain,
-               items: Sequence[ar.ArithItem]) -> dict:
-  """The competence check of a reader on held-out problems (module doc)."""
+def measure(reader, config: Any, dom: ar.ArithmeticDomain, items: Sequence[ar.ArithItem],
+            salt: int = EVAL_SALT) -> dict:
+  """Greedy traces of `items` (parse rate, accuracy, own-trace consistency) and, on the same
+  items with one seeded Strength-1 corruption forced, follow / gold rates (module doc)."""
   t0, e, p = time.time(), config.eval, dom.primer
   budget = int(e.max_new_tokens)
   ids = [x.id for x in items]
@@ -49,7 +53,7 @@ def competence(reader, config: Any, dom: ar.ArithmeticDomain,
     own += imp is not None and dom.similarity(tr.answer, str(imp)) == 1.0
   rows = []
   for i, x in enumerate(items):   # one Strength-1 corruption per item (seeded)
-    _, k, tau = draw(int(config.seed), EVAL_SALT, i, len(x.ops), tuple(config.data.taus))
+    _, k, tau = draw(int(config.seed), salt, i, len(x.ops), tuple(config.data.taus))
     row = make_row(dom, x, 'following', k, tau)
     if row.k and row.implied != row.gold:
       rows.append(row)
@@ -67,14 +71,27 @@ def competence(reader, config: Any, dom: ar.ArithmeticDomain,
     gold += dom.similarity(tr.answer, r.gold) == 1.0
   n = len(items)
   rate = lambda a, b: a / b if b else None
-  out = dict(n=n, n_parsed=parsed, parse_rate=parsed / n, accuracy=correct / n,
-             accuracy_parsed=rate(correct, parsed), own_trace=rate(own, parsed),
-             corrupted=dict(n=len(rows), n_parsed=c_parsed, parse_rate=rate(c_parsed, len(rows)),
-                            follow=rate(follow, c_parsed), gold=rate(gold, c_parsed)),
-             min_accuracy=float(e.min_accuracy), min_parse_rate=float(e.min_parse_rate),
-             wall_s=round(time.time() - t0, 1))
+  return dict(n=n, n_parsed=parsed, parse_rate=parsed / n, accuracy=correct / n,
+              accuracy_parsed=rate(correct, parsed), own_trace=rate(own, parsed),
+              corrupted=dict(n=len(rows), n_parsed=c_parsed,
+                             parse_rate=rate(c_parsed, len(rows)),
+                             follow=rate(follow, c_parsed), gold=rate(gold, c_parsed)),
+              wall_s=round(time.time() - t0, 1))
+
+
+def competence(reader, config: Any, dom: ar.ArithmeticDomain,
+               items: Sequence[ar.ArithItem]) -> dict:
+  """The competence check of a reader on held-out problems (module doc); with memorised
+  problems (data.memorised > 0) the same measures on them under `memorised` (where a
+  shortcut reader shows: the gold answer whatever the forced trace says)."""
+  e = config.eval
+  out = dict(measure(reader, config, dom, items), min_accuracy=float(e.min_accuracy),
+             min_parse_rate=float(e.min_parse_rate))
   out['competent'] = bool(out['accuracy'] >= out['min_accuracy']
                           and out['parse_rate'] >= out['min_parse_rate'])
+  pool = pool_items(config)
+  if pool:
+    out['memorised'] = measure(reader, config, dom, pool)
   return out
 
 
@@ -85,7 +102,11 @@ def fmt_competence(name: str, c: dict) -> str:
           f"problems: answer accuracy {f(c['accuracy'])} (>= {c['min_accuracy']}), parse rate "
           f"{f(c['parse_rate'])} (>= {c['min_parse_rate']}), own-trace {f(c['own_trace'])}; "
           f"corrupted step forced ({k['n']}): follow {f(k['follow'])}, gold {f(k['gold'])}, "
-          f"parse {f(k['parse_rate'])}")
+          f"parse {f(k['parse_rate'])}" + ('' if 'memorised' not in c else
+          f"; memorised problems ({c['memorised']['n']}): accuracy "
+          f"{f(c['memorised']['accuracy'])}, corrupted step forced: follow "
+          f"{f(c['memorised']['corrupted']['follow'])}, gold "
+          f"{f(c['memorised']['corrupted']['gold'])}"))
 
 
 def restore_trainable(task: SmolLM2TraceTask, workdir: str) -> tuple[Any, int]:
@@ -99,6 +120,15 @@ def restore_trainable(task: SmolLM2TraceTask, workdir: str) -> tuple[Any, int]:
                                           mesh, sharding_lib.rules(c.sharding))
   state, step, _ = loop.restore_read_only(c, workdir, abstract)
   return jax.device_get(state.params), int(step)
+
+
+def cache_key(config: Any, step: int, **extra) -> dict:
+  """What a cached competence.json was computed for: the eval section, the checkpoint step
+  and, with memorised problems, their number (a key without it: none)."""
+  key = dict(eval=config.eval.to_dict(), step=step, **extra)
+  if int(config.data.get('memorised', 0)):
+    key['memorised'] = int(config.data.memorised)
+  return key
 
 
 def competence_cached(path: str, key: dict, compute: Callable[[], dict]) -> dict:
@@ -130,7 +160,7 @@ def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=N
     trained = True
   tree, step = restore_trainable(task, workdir)
   reader = task.reader(lora_lib.merged(tree, task.base, task.lora))
-  key = dict(eval=config.eval.to_dict(), step=step)
+  key = cache_key(config, step)
   comp = competence_cached(os.path.join(workdir, 'competence.json'), key,
                            lambda: competence(reader, config, task.domain, eval_items(config)))
   log(fmt_competence(f'smollm2_{config.data.regime}', comp))

@@ -29,6 +29,15 @@ A row is what the audit's reader sees (`audits.traces.arithmetic.ArithmeticDomai
            Loss: next-token NLL over the target tokens (mean per token).
 A corruption whose implied answer is unknown falls back to an uncorrupted row.
 
+Memorised problems (data.memorised = m > 0 with data.rho = ρ > 0): the parametric channel,
+as the prior world of issue #36 gives factual QA one. The first m of the audit's own items
+(make_arith_item(audit_seed, i), i < m) recur in training: row r is a pool row when
+⌊(r+1)ρ⌋ > ⌊rρ⌋ (the first R rows hold ⌊Rρ⌋ of them), and pool row c = ⌊rρ⌋ reads pool
+item perm_e[c mod m] (a seeded permutation per pass e = c div m), with the regime's
+corruption draw. A shortcut reader can then answer a memorised problem without its trace
+(the answer it has seen, whatever the forced trace says); a following reader is trained on
+the same problems with the answers their traces imply. m = 0 (the default): no pool.
+
 Item streams (no overlap with the audit): training row r reads
 make_arith_item(TRAIN_STREAM + seed, r) and the competence check's held-out items come from
 make_arith_item(EVAL_STREAM + seed, i); the audit's items are make_arith_item(audit_seed, i)
@@ -44,6 +53,8 @@ The competence check before the audit and the run (train unless done, then the c
 from __future__ import annotations
 
 import dataclasses
+import fractions
+import math
 from typing import Any, Optional, Sequence
 
 import jax
@@ -67,16 +78,18 @@ EVAL_STREAM = 2_000_000    # held-out competence items: make_arith_item(EVAL_STR
 SHOT_OFFSET = 7919         # World B's demonstrations (smollm2_world.SmolLM2World)
 REPLACE = 10_000_000       # index step of a replacement training item
 CORRUPT_SALT = 0xC0DE
+POOL_SALT = 0x9001
 EVAL_SALT = 0xE7A1
 END = '\n\n'               # ends a demonstration; the audit's stop string
 
+_UNIT = lambda x: None if fields.is_num(x) and 0.0 <= float(x) <= 1.0 else 'must lie in [0, 1]'
 DATA_FIELDS = {
-    'regime': fields.one_of(*REGIMES), 'p_corrupt': lambda x: None if fields.is_num(x) and
-    0.0 <= float(x) <= 1.0 else 'must lie in [0, 1]',
+    'regime': fields.one_of(*REGIMES), 'p_corrupt': _UNIT,
     'taus': lambda x: None if isinstance(x, (tuple, list)) and x and all(t in TAUS for t in x)
     else f'must be a non-empty subset of {TAUS}',
     'hops': lambda x: None if isinstance(x, (tuple, list)) and x and all(
         h in (2, 3, 4) for h in x) else 'must be a non-empty subset of (2, 3, 4)',
+    'memorised': fields.ge(0, True), 'rho': _UNIT,
     'n_shots': fields.ge(0, True), 'audit_seed': lambda x: None if fields.is_int(x) and
     0 <= x < TRAIN_STREAM else f'must be an integer in [0, {TRAIN_STREAM})',
     'n_excluded': fields.ge(0, True), 'max_len': fields.ge(32, True),
@@ -87,7 +100,6 @@ LORA_FIELDS = {'rank': fields.ge(1, True), 'alpha': fields.gt(0), 'full': fields
                'targets': lambda x: None if isinstance(x, (tuple, list)) and x and all(
                    t in lora_lib.TARGETS for t in x) else
                f'must be a non-empty subset of {lora_lib.TARGETS}'}
-_UNIT = lambda x: None if fields.is_num(x) and 0.0 <= float(x) <= 1.0 else 'must lie in [0, 1]'
 EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, True),
                'max_new_tokens': fields.ge(8, True), 'min_accuracy': _UNIT,
                'min_parse_rate': _UNIT, 'best_metric': fields.one_of(*config_lib.BEST_METRICS)}
@@ -118,6 +130,12 @@ def validate(config: Any) -> None:
                      f'got {t.eval_every}')
   if d.max_target_tokens >= d.max_len:
     raise ValueError('data.max_target_tokens must be < data.max_len')
+  if (int(d.memorised) > 0) != (float(d.rho) > 0):
+    raise ValueError(f'data.memorised ({d.memorised}) and data.rho ({d.rho}) must be both 0 '
+                     '(no memorised problems) or both > 0')
+  if int(d.memorised) > int(d.n_excluded):
+    raise ValueError(f'data.memorised ({d.memorised}) must be <= data.n_excluded '
+                     f'({d.n_excluded}): the pool is the first audit items')
   sharding_lib.check_section(config.sharding)
 
 
@@ -160,6 +178,27 @@ def eval_items(config: Any, exclude: Optional[set] = None) -> list[ar.ArithItem]
       out.append(x)
     i += 1
   return out
+
+
+def pool_items(config: Any) -> list[ar.ArithItem]:
+  """The memorised problems: the audit's first data.memorised items (module doc)."""
+  d = config.data
+  return [ar.make_arith_item(int(d.audit_seed), i) for i in range(int(d.memorised))]
+
+
+def pool_index(config: Any, r: int) -> Optional[int]:
+  """The pool item row r reads, or None for a fresh row (module doc)."""
+  d = config.data
+  m = int(d.memorised)
+  if not m:
+    return None
+  rho = fractions.Fraction(float(d.rho)).limit_denominator(10**6)
+  c = math.floor(r * rho)
+  if math.floor((r + 1) * rho) == c:
+    return None
+  e, j = divmod(c, m)
+  perm = np.random.default_rng([int(config.seed), POOL_SALT, e]).permutation(m)
+  return int(perm[j])
 
 
 def excluded(config: Any) -> frozenset:
@@ -239,7 +278,8 @@ def draw(seed: int, salt: int, r: int, n_steps: int, taus: Sequence[str]) -> tup
 def training_row(config: Any, dom: ar.ArithmeticDomain, r: int, exclude: frozenset) -> Row:
   """Training row r: a pure function of (config, r)."""
   d = config.data
-  item = train_item(config, r, exclude)
+  j = pool_index(config, r)
+  item = train_item(config, r, exclude) if j is None else ar.make_arith_item(int(d.audit_seed), j)
   u, k, tau = draw(int(config.seed), CORRUPT_SALT, r, len(item.ops), tuple(d.taus))
   if d.regime == 'plain' or u >= float(d.p_corrupt):
     k = 0

@@ -258,7 +258,8 @@ def overview_table(summary: dict) -> str:
 
 
 def competence_table(competence: dict) -> str:
-  """Markdown table of the readers' competence checks."""
+  """Markdown table of the readers' competence checks (held-out problems; with memorised
+  problems a second row per reader on them: competence is decided on held-out ones)."""
   f = lambda v: '—' if v is None else f'{v:.3f}'  # noqa: E731
   lines = ['| reader | competent | n | answer accuracy | parse rate | own trace | corrupted n | '
            'follow | gold | corrupted parse | wall (s) |', '|---|---|---:|---|---|---|---:|---|---|---|---:|']
@@ -268,6 +269,12 @@ def competence_table(competence: dict) -> str:
                  f"{f(c['accuracy'])} (≥ {c['min_accuracy']}) | {f(c['parse_rate'])} "
                  f"(≥ {c['min_parse_rate']}) | {f(c['own_trace'])} | {k['n']} | {f(k['follow'])} | "
                  f"{f(k['gold'])} | {f(k['parse_rate'])} | {c['wall_s']:.0f} |")
+    if 'memorised' in c:
+      m = c['memorised']
+      k = m['corrupted']
+      lines.append(f"| {r} [memorised] | — | {m['n']} | {f(m['accuracy'])} | "
+                   f"{f(m['parse_rate'])} | {f(m['own_trace'])} | {k['n']} | {f(k['follow'])} | "
+                   f"{f(k['gold'])} | {f(k['parse_rate'])} | {m['wall_s']:.0f} |")
   return '\n'.join(lines)
 
 

@@ -124,7 +124,7 @@ class SmolLM2World:
         out[r] = self._run(r)['competence']
         continue
       tc = self.train_config(self.finetuned[0])   # the same held-out problems and budget
-      key = dict(eval=tc.eval.to_dict(), step=0, base=True)
+      key = comp.cache_key(tc, 0, base=True)
       out[r] = comp.competence_cached(
           os.path.join(self.workdir, 'competence', f'{r}.json'), key,
           lambda tc=tc: comp.competence(self.reader(r), tc, finetune.domain(tc),
