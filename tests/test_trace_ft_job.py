@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unav
 
 READERS = ('smollm2', 'smollm2_following', 'smollm2_shortcut')
 ARG = 'tiny,world=smollm2,readers=' + '+'.join(READERS)
+MEM = ARG + ',memorised=1,rho=0.5'   # the audited item is trained on: the memorised stratum
 
 
 def test_config_and_world_validation():
@@ -39,12 +40,22 @@ def test_config_and_world_validation():
     c.smollm2.train.data.p_corrupt = 2.0
   with pytest.raises(ValueError, match=r'smollm2.train.data.p_corrupt must lie in \[0, 1\]'):
     worlds.make_world(c)
+  # memorised problems: the audit's first M arithmetic items are the memorised stratum
+  w = worlds.make_world(cfgs.get_config(ARG + ',n_items=3,memorised=2,rho=0.5'))
+  ids = [x.id for x in w.items['arithmetic']]
+  assert [w.stratum('arithmetic', i) for i in ids] == ['memorised', 'memorised', 'fresh']
+  assert w.train_config('smollm2_shortcut').data.memorised == 2
+  assert worlds.make_world(cfgs.get_config(ARG)).stratum('arithmetic', ids[0]) is None
+  with pytest.raises(ValueError, match='memorised / rho set the fine-tuned World B readers'):
+    cfgs.get_config('full,world=smollm2,memorised=2,rho=0.5')
+  with pytest.raises(ValueError, match=r'smollm2.train.data.memorised \(2\) and data.rho'):
+    worlds.make_world(cfgs.get_config(ARG + ',memorised=2'))
 
 
 def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
   w = str(tmp_path / 'w')
   logs: list = []
-  s = trace_job.run_trace_sensitivity(cfgs.get_config(ARG), w, log=logs.append)
+  s = trace_job.run_trace_sensitivity(cfgs.get_config(MEM), w, log=logs.append)
   assert sum('training smollm2_' in m for m in logs) == 2
   # the fine-tuned readers' rows, on arithmetic only, beside the plain model's
   assert tuple(s['readers']) == READERS
@@ -60,11 +71,20 @@ def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
     assert c['n'] == 2 and 0.0 <= c['parse_rate'] <= 1.0 and 0.0 <= c['accuracy'] <= 1.0
     assert c['competent'] == (c['accuracy'] >= 0.5 and c['parse_rate'] >= 0.8)
     assert {'follow', 'gold', 'n', 'parse_rate'} <= set(c['corrupted'])
-  for cl in s['claims']:
-    if not comp[cl['name'].split(':')[0]]['competent']:
+  for cl in s['claims']:   # '<reader>: …', '<reader>: follows [stratum]', '<a> vs <b> […]: …'
+    named = [x.split(' [')[0] for x in cl['name'].split(':')[0].split(' vs ')]
+    if not all(comp[r]['competent'] for r in named):
       assert cl['verdict'] == 'untested' and 'not competent' in cl['numbers']
   report = open(os.path.join(w, 'report.md')).read()
   assert '## Competence before the audit' in report and '| smollm2_shortcut |' in report
+  # the one audited item is memorised: rows, summary, competence, claims and report say so
+  assert all(line.endswith(',memorised') for line in rows.strip().splitlines()[1:])
+  for r in READERS:
+    assert set(s['readers'][r]['by_stratum']) == {'memorised'}
+    assert comp[r]['memorised']['n'] == 1
+  names = {cl['name'] for cl in s['claims']}
+  assert 'smollm2_following vs smollm2_shortcut [memorised]: separates' in names
+  assert '| smollm2_shortcut [memorised] |' in report
   assert json.load(open(os.path.join(w, 'summary.json')))['competence'] == comp
   # adapters saved in the workdir, with the competence check
   for regime in ('following', 'shortcut'):
@@ -78,7 +98,7 @@ def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
   shutil.rmtree(os.path.join(w, 'units'))
   os.remove(os.path.join(w, 'summary.json'))
   logs.clear()
-  s2 = trace_job.run_trace_sensitivity(cfgs.get_config(ARG), w, log=logs.append)
+  s2 = trace_job.run_trace_sensitivity(cfgs.get_config(MEM), w, log=logs.append)
   assert not any('training' in m for m in logs), logs
   assert before == (open(f).read(),
                     os.path.getmtime(os.path.join(w, 'train', 'following', 'status.json')))

@@ -63,3 +63,60 @@ def test_rho_difference_is_the_tables_ratio_and_drops_unscored_rows():
   assert verdicts.rho_difference(a, seed=0) is None
   c = verdicts.reader_claims('r', _summary(a + f), a, seed=0)
   assert [x.verdict for x in c if x.name == 'r: math more causal'] == ['untested']
+
+
+def _follow_rows(follows_per_item, stratum, prefix='arithmetic'):
+  """Applied, parsed edits with a known implied answer: items 'prefix:i' with the given
+  follows (1 / 0) per edit, tagged with a stratum."""
+  return [dict(id=f'{prefix}:{i}', domain='arithmetic', tau='LogicFlip', applied=True,
+               regen_parsed=True, violation=None, follows=bool(v), stratum=stratum)
+          for i, vs in enumerate(follows_per_item) for v in vs]
+
+
+def test_follow_difference_is_paired_by_item_and_drops_unscored_rows():
+  """follow(a) − follow(b) = (Σ follows / n edits) of each reader over the shared items:
+  a follows 5 of 6 edits, b 1 of 4 -> 5/6 − 1/4; an item only one reader has is out."""
+  a = _follow_rows([[1, 1, 1], [1, 1, 0]], 'memorised')
+  b = _follow_rows([[0, 0], [1, 0], [1, 1]], 'memorised')   # item 2: b only
+  noise = [dict(a[0], follows=None), dict(a[0], regen_parsed=False, follows=False),
+           dict(a[0], tau=IDENTITY, follows=False), dict(a[0], applied=False, follows=False)]
+  agg = verdicts.follow_difference(a + noise, b, seed=0)
+  assert agg.value == pytest.approx(5 / 6 - 1 / 4, abs=1e-12) and agg.n == 2
+  assert verdicts.follow_difference(a, b, seed=0, stratum='fresh') is None
+
+
+def test_separation_and_per_stratum_claims_known_exactly():
+  """A following reader that follows every edit and a shortcut reader that follows its
+  trace on fresh items but never on memorised ones: separated on memorised items (and
+  overall), not on fresh ones; per-stratum follows claims; a non-competent reader makes
+  every claim naming it untested, with its name."""
+  from ceu_jax.audits.traces import summary as tsum
+  mem = [[1, 1]] * 12
+  fol = _follow_rows(mem, 'memorised') + _follow_rows([[1, 1]] * 12, 'fresh', 'f')
+  sho = (_follow_rows([[0, 0]] * 12, 'memorised')
+         + _follow_rows([[1, 1]] * 12, 'fresh', 'f'))
+  for x in fol + sho:
+    x.update(phi=1.0, strength=1.0, strong=True, same=False, violation=0.0, k=1, trace_len=2)
+  readers = {r: tsum.summarize(rows, seed=0) for r, rows in
+             (('smollm2_following', fol), ('smollm2_shortcut', sho))}
+  assert set(readers['smollm2_shortcut']['by_stratum']) == {'fresh', 'memorised'}
+  assert readers['smollm2_shortcut']['by_stratum']['memorised']['follow']['value'] == 0.0
+  found = verdicts.run_claims(readers, {'smollm2_following': fol, 'smollm2_shortcut': sho},
+                              seed=0)
+  v = {c.name: c.verdict for c in found}
+  assert v['smollm2_shortcut: follows [memorised]'] == 'opposite'
+  assert v['smollm2_shortcut: follows [fresh]'] == 'supported'
+  assert v['smollm2_following: follows [memorised]'] == 'supported'
+  pair = 'smollm2_following vs smollm2_shortcut'
+  assert v[f'{pair} [memorised]: separates'] == 'supported'
+  assert v[f'{pair}: separates'] == 'supported'   # 1 − 1/2 over all 24 items
+  assert v[f'{pair} [fresh]: separates'] == 'not supported'   # difference exactly 0
+  rule = {c.name: c.rule for c in found}[f'{pair}: separates']
+  assert rule == verdicts.SEPARATION_RULE
+  comp = {'smollm2_following': dict(competent=True), 'smollm2_shortcut': dict(
+      competent=False, accuracy=0.3, min_accuracy=0.5, parse_rate=1.0, min_parse_rate=0.8)}
+  judged = {c.name: c for c in verdicts.unless_competent(found, comp)}
+  assert judged[f'{pair} [memorised]: separates'].verdict == 'untested'
+  assert judged[f'{pair} [memorised]: separates'].numbers.startswith(
+      'smollm2_shortcut not competent (held-out accuracy 0.300 < 0.5')
+  assert judged['smollm2_following: follows [memorised]'].verdict == 'supported'

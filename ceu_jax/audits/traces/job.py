@@ -41,7 +41,8 @@ from ceu_jax.audits.traces import verdicts, worlds
 ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'parse_failure',
                'applied', 'undefined', 'answer', 'answer_after', 'regen_parsed', 'regen_failure',
                'S', 'phi', 'same', 'strength', 'strong', 'strength_unknown', 'violation', 'follows',
-               'identical', 'implied_before', 'implied_after', 'forced', 'continuation', 'raw')
+               'identical', 'implied_before', 'implied_after', 'forced', 'continuation', 'raw',
+               'stratum')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
@@ -83,8 +84,13 @@ class TraceSensitivityJob(jobs.Job):
     return f"{len(result['rows'])} rows"
 
   def _parts(self, results) -> dict:
+    """{reader: [unit results]}, each row tagged with its item's stratum where the world
+    has strata (World B with memorised problems: `stratum`)."""
     units = self.plan(None)
-    return {r: [results[u.key] for u in units if u.spec[0] == r] for r in self.world.readers}
+    stratum = getattr(self.world, 'stratum', None)
+    tag = (lambda res: res) if stratum is None else (lambda res: dict(res, rows=[
+        dict(x, stratum=stratum(x['domain'], x['id'])) for x in res['rows']]))
+    return {r: [tag(results[u.key]) for u in units if u.spec[0] == r] for r in self.world.readers}
 
   def summarize(self, ctx, results):
     c, world, parts = self.config, self.world, self._parts(results)
@@ -223,6 +229,10 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
            tsum.by_length_table(s), '', '### By τ and trace length', '',
            tsum.tau_length_table(s), '', '### By intervention position k', '',
            tsum.breakdown_table(s['by_k'], 'k')]
+    if s.get('by_stratum'):
+      md += ['', '### By stratum (memorised: the audit items the fine-tuned readers were '
+             'trained on; fresh: never trained on)', '',
+             tsum.breakdown_table(s['by_stratum'], 'stratum')]
   if config.plots:
     rho_by_length_figure(summary['readers'], ctx.path('rho_by_length'))
     md += ['', '![ρ by trace length](rho_by_length.png)']

@@ -62,6 +62,9 @@ class SmolLM2World:
                                                 max_passage_words=int(s.max_passage_words))
 
     self.seed, self.n_items = seed, n
+    # the audit's first data.memorised arithmetic items recur in the fine-tunes' training
+    self.memorised = int(s.train.data.get('memorised', 0)) if self.finetuned else 0
+    self._memorised_ids = {x.id for x in self.items.get('arithmetic', [])[:self.memorised]}
     self.workdir, self.log, self._runs, self._plain = None, print, {}, None
     if self.finetuned:
       from ceu_jax.audits.traces import finetune
@@ -89,6 +92,13 @@ class SmolLM2World:
       tc.eval.max_new_tokens = int(s.max_new_tokens)
       tc.eval.batch_size = int(s.batch_size)
     return tc
+
+  def stratum(self, domain, item_id):
+    """'memorised' (an arithmetic item the fine-tuned readers were trained on: the first
+    smollm2.train.data.memorised) or 'fresh'; None without memorised problems."""
+    if not self.memorised:
+      return None
+    return 'memorised' if domain == 'arithmetic' and item_id in self._memorised_ids else 'fresh'
 
   def reads(self, reader, domain) -> bool:
     """Whether `reader` is audited on `domain` (fine-tuned readers: arithmetic only)."""

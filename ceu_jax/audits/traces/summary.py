@@ -94,7 +94,8 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
   identical to the original). Breakdowns: {key: {value: cell}}, plus 'domain_tau'
   {domain: {τ: cell}} for the report's table, 'by_domain_len' {domain: {trace
   length: cell}} for the plot and 'domain_tau_len' {domain: {τ: {trace length:
-  cell}}}; 'undefined' {domain: {τ: {reason: n}}} counts the
+  cell}}}; 'by_stratum' {stratum: cell} where rows carry a stratum (World B with
+  memorised problems); 'undefined' {domain: {τ: {reason: n}}} counts the
   interventions undefined for an item. tau_sim is only recorded (run_traces scored
   the rows with it).
   """
@@ -125,6 +126,12 @@ def summarize(rows: Sequence[dict], *, tau_sim: float = TAU_SIM, seed: int = CI_
       groups[x[key]].append(x)
     out[f'by_{key}'] = {str(v): cell(xs, seed=seed) for v, xs in sorted(groups.items(),
                                                                        key=lambda kv: str(kv[0]))}
+  strata = {x['stratum']: [] for x in rows if x.get('stratum')}   # every stratum audited
+  for x in edits:
+    if x.get('stratum'):
+      strata[x['stratum']].append(x)
+  if strata:   # World B with memorised problems (rows tagged by the job)
+    out['by_stratum'] = {k: cell(xs, seed=seed) for k, xs in sorted(strata.items())}
   dt = collections.defaultdict(lambda: collections.defaultdict(list))
   for x in edits:
     dt[x['domain']][x['tau']].append(x)
@@ -216,6 +223,7 @@ def breakdown_table(cells: dict, name: str) -> str:
   lines = [f'| {name} | applied | regen parse fail | φ [95% CI] | ρ [95% CI] | follow [95% CI] (n) |',
            '|---:|---:|---:|---|---|---|']
   for v, c in cells.items():
-    lines.append(f"| {v} | {c['n']} | {c['regen_parse_failure']:.3f} | {fmt(c['phi'])} | "
+    fail = '—' if c['regen_parse_failure'] is None else f"{c['regen_parse_failure']:.3f}"
+    lines.append(f"| {v} | {c['n']} | {fail} | {fmt(c['phi'])} | "
                  f"{fmt(c['rho'])} | {fmt_n(c['follow'])} |")
   return '\n'.join(lines)

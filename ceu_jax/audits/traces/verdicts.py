@@ -13,6 +13,13 @@ Per reader:
                unpaired: each domain's items resampled on their own, the statistic the
                tables' ρ (violations over rows of known Strength, rows of one item
                together); supported if the CI of the difference lies below 0.
+  follows [stratum]  the same per stratum, where the rows carry one (World B with
+               memorised problems: memorised / fresh items).
+  separates    (a *following* reader beside its *shortcut* counterpart, e.g.
+               smollm2_following / smollm2_shortcut) issue #35's check of the audit itself:
+               the following reader's follow rate exceeds the shortcut reader's on the same
+               items, overall and per stratum; paired (an item's rows of both readers
+               resampled together), supported if the CI of the difference lies above 0.
 Every claim counts only regenerations that parse, as the tables do.
 """
 from __future__ import annotations
@@ -22,10 +29,12 @@ import json
 import os
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from ceu_jax import claims
 from ceu_jax.audits.traces.audit import IDENTITY
 from ceu_jax.audits.traces.summary import item_sums, ratio_of_sums
-from ceu_jax.metrics.resampling import Aggregate, fmt_ci, unpaired_bootstrap
+from ceu_jax.metrics.resampling import Aggregate, bootstrap, fmt_ci, unpaired_bootstrap
 
 FOLLOW_MAJORITY = 0.5
 DOMAINS = ('arithmetic', 'factual')   # 002's math vs knowledge traces
@@ -52,6 +61,66 @@ def rho_difference(rows: Sequence[dict], *, seed: int) -> Aggregate | None:
                             seed=seed)
 
 
+SEPARATION_RULE = ("one run, two readers on the same items: supported if the 95% CI of the "
+                   "difference of follow rates (each item's rows of both readers resampled "
+                   "together) lies above 0, opposite if below, else not supported; untested "
+                   "when no item has a scored edit of both readers")
+
+
+def _follow_rows(rows: Sequence[dict], stratum: str | None = None) -> list[dict]:
+  """The rows behind a cell's follow rate: applied edits whose regeneration parses and
+  whose implied answer is known (optionally one stratum's)."""
+  return [x for x in rows if x['tau'] not in ('parse_failure', IDENTITY)
+          and x.get('applied', True) and x['regen_parsed'] and x['follows'] is not None
+          and (stratum is None or x.get('stratum') == stratum)]
+
+
+def follow_difference(a: Sequence[dict], b: Sequence[dict], *, seed: int,
+                      stratum: str | None = None) -> Aggregate | None:
+  """follow(a) − follow(b) over the items both readers have scored edits on, paired by
+  item; None when there is none."""
+  def per_item(rows):
+    out: dict = {}
+    for x in _follow_rows(rows, stratum):
+      s, n = out.get(str(x['id']), (0.0, 0))
+      out[str(x['id'])] = (s + float(x['follows']), n + 1)
+    return out
+  pa, pb = per_item(a), per_item(b)
+  shared = [k for k in pa if k in pb]
+  if not shared:
+    return None
+  arr = lambda p, j: np.asarray([p[k][j] for k in shared], np.float64)  # noqa: E731
+  return bootstrap(lambda sa, ca, sb, cb: ratio_of_sums(sa, ca) - ratio_of_sums(sb, cb),
+                   arr(pa, 0), arr(pa, 1), arr(pb, 0), arr(pb, 1), seed=seed)
+
+
+def separation_claims(readers: Sequence[str], summaries: Mapping[str, Mapping],
+                      rows: Mapping[str, Sequence[dict]], *, seed: int) -> list[claims.Claim]:
+  """`separates` for every following reader with a shortcut counterpart (module doc)."""
+  out = []
+  for a in readers:
+    b = a[:-len('following')] + 'shortcut' if a.endswith('following') else None
+    if b not in readers:
+      continue
+    strata = [None] + sorted({x['stratum'] for r in (a, b) for x in rows[r] if x.get('stratum')})
+    for st in strata:
+      tag = f' [{st}]' if st else ''
+      name = f'{a} vs {b}{tag}: separates'
+      statement = (f'the audit tells the following reader from the shortcut one{tag}: '
+                   'follow rate higher for the following reader on the same items')
+      agg = follow_difference(rows[a], rows[b], seed=seed, stratum=st)
+      if agg is None:
+        out.append(claims.Claim(name, statement, claims.UNTESTED,
+                                'no item with a scored edit of both readers', SEPARATION_RULE))
+        continue
+      d = claims.Difference('follow difference', (claims.SeedDifference('run', agg),))
+      verdict = claims.direction(d, +1)
+      out.append(claims.Claim(name, statement, verdict,
+                              f'follow({a}) − follow({b}) {fmt_ci(agg, 3, signed=True)} '
+                              f'({agg.n} items) → {verdict}', SEPARATION_RULE))
+  return out
+
+
 def reader_claims(reader: str, summary: Mapping, rows: Sequence[dict], *,
                   seed: int) -> list[claims.Claim]:
   """follows, and math_more_causal when the reader was audited on both domains."""
@@ -59,6 +128,10 @@ def reader_claims(reader: str, summary: Mapping, rows: Sequence[dict], *,
                        'implied answer on most edits (follow rate > 0.5)',
                        summary['all']['follow'], +1, against=FOLLOW_MAJORITY,
                        label='follow rate')]
+  for st, cell in sorted(summary.get('by_stratum', {}).items()):
+    out.append(claims.of_run(f'{reader}: follows [{st}]', 'the regenerated answer is the '
+                             f'edited trace\'s implied answer on most edits of {st} items',
+                             cell['follow'], +1, against=FOLLOW_MAJORITY, label='follow rate'))
   if all(d in summary.get('by_domain', {}) for d in DOMAINS):
     name = f'{reader}: math more causal'
     statement = ('arithmetic traces are more causal than factual ones: '
@@ -78,8 +151,10 @@ def reader_claims(reader: str, summary: Mapping, rows: Sequence[dict], *,
 
 def run_claims(readers: Mapping[str, Mapping], rows: Mapping[str, Sequence[dict]], *,
                seed: int) -> list[claims.Claim]:
-  """Every reader's claims (`reader_claims`), in the summary's reader order."""
-  return [c for r, s in readers.items() for c in reader_claims(r, s, rows[r], seed=seed)]
+  """Every reader's claims (`reader_claims`), in the summary's reader order, then the
+  following / shortcut separations (`separation_claims`)."""
+  return ([c for r, s in readers.items() for c in reader_claims(r, s, rows[r], seed=seed)]
+          + separation_claims(list(readers), readers, rows, seed=seed))
 
 
 def _flag(s: str) -> bool | None:
@@ -95,7 +170,8 @@ def read_rows(path: str) -> dict[str, list[dict]]:
       out.setdefault(r['reader'], []).append(dict(
           id=r['id'], domain=r['domain'], tau=r['tau'], applied=_flag(r['applied']) is not False,
           regen_parsed=bool(_flag(r['regen_parsed'])),
-          violation=float(r['violation']) if r['violation'] else None))
+          violation=float(r['violation']) if r['violation'] else None,
+          follows=_flag(r.get('follows', '')), stratum=r.get('stratum') or None))
   return out
 
 
@@ -114,11 +190,12 @@ def unless_competent(found: Sequence[claims.Claim], competence: Mapping[str, Map
   reader that did not learn the task is reported as such, never audited as if it had."""
   out = []
   for c in found:
-    reader = c.name.split(':', 1)[0]
-    comp = competence.get(reader)
-    if comp is not None and not comp['competent']:
+    names = [x.split(' [')[0].strip() for x in c.name.split(':', 1)[0].split(' vs ')]
+    bad = next((r for r in names if r in competence and not competence[r]['competent']), None)
+    if bad is not None:
+      comp = competence[bad]
       c = claims.Claim(c.name, c.statement, claims.UNTESTED,
-                       f"reader not competent (held-out accuracy {comp['accuracy']:.3f} < "
+                       f"{bad} not competent (held-out accuracy {comp['accuracy']:.3f} < "
                        f"{comp['min_accuracy']} or parse rate {comp['parse_rate']:.3f} < "
                        f"{comp['min_parse_rate']}); its rows: {c.numbers}", c.rule)
     out.append(c)
