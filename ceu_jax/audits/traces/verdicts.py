@@ -94,7 +94,7 @@ def follow_difference(a: Sequence[dict], b: Sequence[dict], *, seed: int,
                    arr(pa, 0), arr(pa, 1), arr(pb, 0), arr(pb, 1), seed=seed)
 
 
-def separation_claims(readers: Sequence[str], summaries: Mapping[str, Mapping],
+def separation_claims(readers: Sequence[str],
                       rows: Mapping[str, Sequence[dict]], *, seed: int) -> list[claims.Claim]:
   """`separates` for every following reader with a shortcut counterpart (module doc)."""
   out = []
@@ -154,7 +154,7 @@ def run_claims(readers: Mapping[str, Mapping], rows: Mapping[str, Sequence[dict]
   """Every reader's claims (`reader_claims`), in the summary's reader order, then the
   following / shortcut separations (`separation_claims`)."""
   return ([c for r, s in readers.items() for c in reader_claims(r, s, rows[r], seed=seed)]
-          + separation_claims(list(readers), readers, rows, seed=seed))
+          + separation_claims(list(readers), rows, seed=seed))
 
 
 def _flag(s: str) -> bool | None:
