@@ -12,7 +12,9 @@ arithmetic and on factual questions with their gold passage (shipped NQ data):
   python -m experiments.trace_sensitivity --config configs/trace_sensitivity.py:full,world=smollm2 --workdir runs/traces_smollm2
 World B with trace readers fine-tuned here (issue #35; LoRA on arithmetic traces in the
 following / shortcut / plain regime, configs/smollm2_traces.py, trained in W/train/<regime>
-unless done, each with its competence check before the audit; docs/smollm2_trace_readers.md):
+unless done, each with its competence check before the audit, and the §8.4 answer-position
+probe of every reader at every layer — smollm2.probe_items arithmetic items, the trace held
+fixed, the question's start moved; docs/smollm2_trace_readers.md):
   python -m experiments.trace_sensitivity --config configs/trace_sensitivity.py:full,world=smollm2,readers=smollm2+smollm2_following+smollm2_shortcut --workdir runs/traces_smollm2_ft
 Tiny (the CI tests run these): `:tiny` (World A oracles, 40 items),
 `:tiny,readers=trained` (attention / plain trained 30 steps) and
@@ -147,6 +149,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       s.n_layers = 2                   # tiny: every reader on the first 2 layers
       s.domains = ('arithmetic',)      # tiny: the domain the readers are fine-tuned on
       s.max_new_tokens = 24            # tiny: 2-layer readers write no answer; plumbing only
+    s.probe_items = 2 if tiny else 64  # §8.4 answer-position probe: arithmetic items per
+                                       # reader, every layer (smollm2_probe; 0: off)
     s.train = smollm2_traces.get_config('tiny' if tiny else 'cpu')
     if a.steps:
       s.train.train.num_steps = a.steps

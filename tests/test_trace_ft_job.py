@@ -86,6 +86,18 @@ def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
   assert 'smollm2_following vs smollm2_shortcut [memorised]: separates' in names
   assert '| smollm2_shortcut [memorised] |' in report
   assert json.load(open(os.path.join(w, 'summary.json')))['competence'] == comp
+  # §8.4: the answer-position probe of every reader, a layer profile, its claims and plot
+  assert tuple(s['probes']) == READERS
+  for r, p in s['probes'].items():
+    assert p['n'] == 1 and len(p['layers']) == 2 and set(p['by_stratum']) == {'memorised'}
+    assert list(p['delta_L_by_item']) == [f'arith:0:0']
+    assert os.path.exists(os.path.join(w, 'probes', f'{r}.json'))
+  assert s['probes']['smollm2'] != s['probes']['smollm2_shortcut']   # adapters merged
+  for tag in ('', ' [memorised]'):
+    for what in ('probe separates', 'probe agrees'):
+      assert f'smollm2_following vs smollm2_shortcut{tag}: {what}' in names
+  assert '## §8.4 companion' in report and '| smollm2_following | memorised | 1 |' in report
+  assert os.path.exists(os.path.join(w, 'probe_layers.png'))
   # adapters saved in the workdir, with the competence check
   for regime in ('following', 'shortcut'):
     sub = os.path.join(w, 'train', regime)
@@ -99,11 +111,12 @@ def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
   os.remove(os.path.join(w, 'summary.json'))
   logs.clear()
   s2 = trace_job.run_trace_sensitivity(cfgs.get_config(MEM), w, log=logs.append)
-  assert not any('training' in m for m in logs), logs
+  assert not any('training' in m or '§8.4 probe' in m for m in logs), logs
   assert before == (open(f).read(),
                     os.path.getmtime(os.path.join(w, 'train', 'following', 'status.json')))
   assert s2['competence'] == comp
   assert s2['readers'] == s['readers']   # greedy: the same rows from the same adapters
+  assert s2['probes'] == s['probes']      # read back from W/probes
 
 
 def test_loss_is_the_mean_nll_of_the_target_tokens():

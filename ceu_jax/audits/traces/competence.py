@@ -146,7 +146,8 @@ def competence_cached(path: str, key: dict, compute: Callable[[], dict]) -> dict
 def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=None,
         fresh: bool = False, task: Optional[SmolLM2TraceTask] = None) -> dict:
   """Train unless `workdir` holds a completed run, then the competence check (cached in
-  W/competence.json). Returns {trained, step, competence, reader}."""
+  W/competence.json). Returns {trained, step, competence, reader, params (adapters merged),
+  task}."""
   from ceu_jax import workdir as workdir_lib
   from ceu_jax.train import loop
   task = task or SmolLM2TraceTask.from_config(config, load=load)
@@ -159,9 +160,11 @@ def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=N
     log(f'trained smollm2_{config.data.regime} in {time.time() - t0:.0f} s')
     trained = True
   tree, step = restore_trainable(task, workdir)
-  reader = task.reader(lora_lib.merged(tree, task.base, task.lora))
+  params = lora_lib.merged(tree, task.base, task.lora)
+  reader = task.reader(params)
   key = cache_key(config, step)
   comp = competence_cached(os.path.join(workdir, 'competence.json'), key,
                            lambda: competence(reader, config, task.domain, eval_items(config)))
   log(fmt_competence(f'smollm2_{config.data.regime}', comp))
-  return dict(trained=trained, step=step, competence=comp, reader=reader)
+  return dict(trained=trained, step=step, competence=comp, reader=reader, params=params,
+              task=task)

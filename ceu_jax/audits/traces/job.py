@@ -20,6 +20,8 @@ against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
                  held-out problems — a reader that is not competent has untested claims
   report.md      the φ / ρ / follow table by domain × τ, by trace length, by k, the plot
   rho_by_length.png/pdf   ρ against trace length (one line per reader × domain)
+  probe_layers.png/pdf    (World B with fine-tuned readers) the §8.4 answer-position probe's
+                 CEU by layer per reader (`smollm2_probe`; per-item numbers in W/probes/)
 """
 from __future__ import annotations
 
@@ -106,13 +108,17 @@ class TraceSensitivityJob(jobs.Job):
                                   for r, ps in parts.items()})
     rows = {r: [x for p in ps for x in p['rows']] for r, ps in parts.items()}
     found = verdicts.run_claims(summary['readers'], rows, seed=int(c.bootstrap_seed))
+    if hasattr(world, 'probes'):  # §8.4: the answer-position probe with the trace held fixed
+      summary['probes'] = world.probes(c)
+    if c.world == 'smollm2' and summary.get('probes'):   # World B: does the probe separate too
+      found += verdicts.probe_claims(list(world.readers), summary['probes'], found,
+                                     seed=int(c.bootstrap_seed))
     competence = world.competence() if hasattr(world, 'competence') else {}
     if competence:   # World B with fine-tuned readers: the competence check before the audit
       summary['competence'] = competence
       found = verdicts.unless_competent(found, competence)
     summary['claims'] = [dataclasses.asdict(x) for x in found]
-    if hasattr(world, 'probes'):  # World A: trained readers' answer probe, accuracy / consistency
-      summary['probes'] = world.probes(c)
+    if hasattr(world, 'reader_stats'):  # World A: accuracy / consistency per reader
       summary['reader_stats'] = world.reader_stats(
           [dict(x, reader=r) for r, ps in parts.items() for p in ps for x in p['rows']])
     return summary
@@ -214,7 +220,14 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
            competence_table(summary['competence'])]
   if 'reader_stats' in summary:
     md += ['', '## Overview (World A)', '', overview_table(summary)]
-  if summary.get('probes'):
+  if summary.get('probes') and summary['world'] == 'smollm2':
+    from ceu_jax.audits.traces import smollm2_probe   # World B only (it reaches training)
+    md += ['', '## §8.4 companion: answer-position probe with the trace held fixed', '',
+           smollm2_probe.DESCRIPTION, '', smollm2_probe.table(summary['probes'])]
+    if config.plots:
+      smollm2_probe.layer_figure(summary['probes'], ctx.path('probe_layers'))
+      md += ['', '![CEU by layer](probe_layers.png)']
+  elif summary.get('probes'):
     md += ['', '## §8.4 companion: answer-position probe with the trace held fixed', '',
            'D− = the first hop re-bound ((x_0, k_1) IS a_1: the gold trace would now lead '
            'to v\'_1 ≠ v), the answer (gold trace, v) teacher-forced from D+, so following '

@@ -15,6 +15,7 @@ reader that is not competent are untested, never decided on its rows.
 from __future__ import annotations
 
 import os
+import time
 
 from ceu_jax.audits.traces.arithmetic import ArithmeticDomain, make_arith_item
 from ceu_jax.audits.traces.text import FactualDomain, select_fact_items
@@ -141,6 +142,49 @@ class SmolLM2World:
                                         finetune.eval_items(tc)))
       self.log(comp.fmt_competence(r, out[r]))
     return out
+
+  def probes(self, config) -> dict:
+    """SPEC §8.4: the answer-position probe (`smollm2_probe`) of every reader on the first
+    smollm2.probe_items arithmetic items, a layer profile; {} when off (probe_items 0 or
+    absent). Per reader cached in W/probes/<reader>.json (per-item numbers and what they
+    were computed for: reader, checkpoint step, items, ε)."""
+    n = int(self.s.get('probe_items', 0))
+    if not n or 'arithmetic' not in self.items:
+      return {}
+    from ceu_jax import io
+    from ceu_jax.audits.traces import smollm2_probe as sp
+    from ceu_jax.engine.scores import DEFAULT_EPS
+    items = self.items['arithmetic'][:n]
+    strata = {x.id: self.stratum('arithmetic', x.id) for x in items}
+    out = {}
+    for r in self.readers:
+      step = 0 if r == PLAIN else self._run(r)['step']
+      key = dict(reader=r, step=step, items=[x.id for x in items], eps=DEFAULT_EPS,
+                 n_layers=int(self.s.n_layers), gguf_path=str(self.s.gguf_path))
+      path = os.path.join(self.workdir, 'probes', f'{r}.json')
+      got = io.read_json(path) if os.path.exists(path) else None
+      if got is None or got.get('key') != key:
+        params, mc, tok = self._weights(r)
+        t0 = time.time()
+        self.log(f'§8.4 probe: {r} on {len(items)} arithmetic items, every layer')
+        per = sp.per_item(params, mc, tok, self.domains['arithmetic'], items, eps=DEFAULT_EPS,
+                          progress=lambda i, m: self.log(f'  probe {r}: {i}/{m} items'))
+        got = dict(key=key, items=per, wall_s=round(time.time() - t0, 1))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        io.write_json_atomic(path, got)
+      out[r] = dict(sp.summarize(got['items'], strata if self.memorised else None,
+                                 seed=int(config.bootstrap_seed)), wall_s=got['wall_s'])
+    return out
+
+  def _weights(self, name):
+    """(params, model config, tokenizer) of a reader: adapters merged for a fine-tune."""
+    if name != PLAIN:
+      run = self._run(name)
+      return run['params'], run['task'].model_config, run['task'].tokenizer
+    from ceu_jax.pretrained import load_smollm2, load_tokenizer
+    path = str(self.s.gguf_path) or None
+    mc, variables = load_smollm2(path, n_layers=int(self.s.n_layers) or None)
+    return variables['params'], mc, load_tokenizer(path)
 
   def describe(self) -> str:
     ft = ('' if not self.finetuned else
