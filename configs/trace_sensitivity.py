@@ -27,7 +27,8 @@ Arguments after the variant: world (chain | smollm2), n_items (per domain), seed
 World A: readers (oracles | trained | both; full default both, tiny oracles),
 families and regimes ('+'-joined, e.g. attention+ssm, plain+prior), steps.
 World B: readers ('+'-joined subset of smollm2, smollm2_following, smollm2_shortcut,
-smollm2_plain; default smollm2), steps (the fine-tunes' train.num_steps), memorised / rho
+smollm2_plain; default smollm2), steps (the fine-tunes' train.num_steps), p_corrupt (their
+share of rows with a corrupted step, configs/smollm2_traces.py), memorised / rho
 (the first M audit items recur in a share R of the fine-tunes' rows: a memorised stratum on
 which a shortcut reader can answer from memory; rows, tables and claims split by stratum).
 """
@@ -79,7 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        readers=common.Opt(str),
                        families=common.Opt(str), regimes=common.Opt(str),
                        steps=common.Opt(int, 1), memorised=common.Opt(int, 0),
-                       rho=common.Opt(float, 0.0, 1.0))
+                       rho=common.Opt(float, 0.0, 1.0), p_corrupt=common.Opt(float, 0.0, 1.0))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   tiny = a.variant == 'tiny'
@@ -139,8 +140,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   s.max_passage_words = 80             # factual items: gold passages of at most this many words
   s.gguf_path = ''                     # GGUF file ('': $CEU_SMOLLM2_GGUF or the package's)
   readers = tuple(a.readers.split('+')) if world == 'smollm2' and a.readers else ('smollm2',)
-  if (a.memorised is not None or a.rho is not None) and not set(readers) - {'smollm2'}:
-    raise ValueError('memorised / rho set the fine-tuned World B readers\' training: they need '
+  if ((a.memorised is not None or a.rho is not None or a.p_corrupt is not None)
+      and not set(readers) - {'smollm2'}):
+    raise ValueError('memorised / rho / p_corrupt set the fine-tuned World B readers\' '
+                     'training: they need '
                      'world=smollm2 and readers= with smollm2_following / _shortcut / _plain')
   if readers != ('smollm2',):  # (absent otherwise: the plain World B config is unchanged)
     s.readers = readers                # World B readers: smollm2 (plain) and smollm2_<regime>
@@ -155,6 +158,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if a.steps:
       s.train.train.num_steps = a.steps
       s.train.train.warmup_steps = min(s.train.train.warmup_steps, a.steps)
+    if a.p_corrupt is not None:        # the share of training rows with a corrupted step
+      s.train.data.p_corrupt = a.p_corrupt
     if a.memorised is not None or a.rho is not None:  # the first M audit items recur in training
       s.train.data.memorised = common.given_or(a.memorised, 0)
       s.train.data.rho = common.given_or(a.rho, 0.0)

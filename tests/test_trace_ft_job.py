@@ -46,8 +46,12 @@ def test_config_and_world_validation():
   assert [w.stratum('arithmetic', i) for i in ids] == ['memorised', 'memorised', 'fresh']
   assert w.train_config('smollm2_shortcut').data.memorised == 2
   assert worlds.make_world(cfgs.get_config(ARG)).stratum('arithmetic', ids[0]) is None
-  with pytest.raises(ValueError, match='memorised / rho set the fine-tuned World B readers'):
+  with pytest.raises(ValueError, match='memorised / rho / p_corrupt set the fine-tuned World B readers'):
     cfgs.get_config('full,world=smollm2,memorised=2,rho=0.5')
+  with pytest.raises(ValueError, match='memorised / rho / p_corrupt set the fine-tuned'):
+    cfgs.get_config('full,world=smollm2,p_corrupt=0.75')
+  assert cfgs.get_config(ARG + ',p_corrupt=0.75').smollm2.train.data.p_corrupt == 0.75
+  assert cfgs.get_config(ARG).smollm2.train.data.p_corrupt == 0.5
   with pytest.raises(ValueError, match=r'smollm2.train.data.memorised \(2\) and data.rho'):
     worlds.make_world(cfgs.get_config(ARG + ',memorised=2'))
 
