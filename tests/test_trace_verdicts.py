@@ -120,3 +120,16 @@ def test_separation_and_per_stratum_claims_known_exactly():
   assert judged[f'{pair} [memorised]: separates'].numbers.startswith(
       'smollm2_shortcut not competent (held-out accuracy 0.300 < 0.5')
   assert judged['smollm2_following: follows [memorised]'].verdict == 'supported'
+  # competent on the memorised problems only: its claims on them are decided, the rest not
+  comp['smollm2_shortcut']['memorised'] = dict(accuracy=0.9, parse_rate=1.0)
+  judged = {c.name: c for c in verdicts.unless_competent(found, comp)}
+  assert judged[f'{pair} [memorised]: separates'].verdict == 'supported'
+  assert judged['smollm2_shortcut: follows [memorised]'].verdict == 'opposite'
+  for name in (f'{pair}: separates', f'{pair} [fresh]: separates',
+               'smollm2_shortcut: follows [fresh]'):
+    assert judged[name].verdict == 'untested', name
+    assert 'smollm2_shortcut not competent (held-out accuracy 0.300' in judged[name].numbers
+  comp['smollm2_shortcut']['memorised']['parse_rate'] = 0.5
+  judged = {c.name: c for c in verdicts.unless_competent(found, comp)}
+  assert judged[f'{pair} [memorised]: separates'].numbers.startswith(
+      'smollm2_shortcut not competent (memorised accuracy 0.900 < 0.5 or parse rate 0.500 < 0.8')

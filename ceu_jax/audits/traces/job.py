@@ -215,8 +215,9 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
            'the audit\'s prompt, parse and stop rules; accuracy counts an unparsed output as '
            'wrong; "corrupted step forced": one Strength-1 LogicFlip / FactReversal step per '
            'problem forced, the share of parsed answers equal to the answer the corrupted '
-           'trace implies (follow) and to the gold (gold). A reader below the thresholds is '
-           'reported as not competent and its claims are untested.', '',
+           'trace implies (follow) and to the gold (gold). ' + verdicts.COMPETENCE_RULE[0].upper()
+           + verdicts.COMPETENCE_RULE[1:] + ' (the [memorised] rows: the problems the '
+           'fine-tunes were trained on).', '',
            competence_table(summary['competence'])]
   if 'reader_stats' in summary:
     md += ['', '## Overview (World A)', '', overview_table(summary)]

@@ -25,13 +25,16 @@ Per reader:
                (shortcut) − ΔL(following) paired by item, supported if its CI lies above 0.
   probe agrees  the mechanistic and the behavioural separation reach the same verdict
                (both separate, or neither does).
-Every behavioural claim counts only regenerations that parse, as the tables do.
+Every behavioural claim counts only regenerations that parse, as the tables do. Where the
+readers had a competence check (World B's fine-tunes), a claim naming a reader that is not
+competent on the claim's problems is untested (`COMPETENCE_RULE`, `unless_competent`).
 """
 from __future__ import annotations
 
 import csv
 import json
 import os
+import re
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -247,19 +250,42 @@ def claims_of_workdir(workdir: str) -> list[claims.Claim]:
   return run_claims(readers, rows, seed=int(summary['config']['bootstrap_seed']))
 
 
+COMPETENCE_RULE = ("a claim is decided only when every reader it names is competent on the "
+                   "problems it is about: a claim on the memorised stratum needs the reader's "
+                   "accuracy and parse rate on the memorised problems at the thresholds, every "
+                   "other claim (all items, fresh) needs them on held-out problems; else untested")
+
+
+def competent_on(comp: Mapping, stratum: str | None) -> tuple[bool, str]:
+  """(competent, what was measured) of one reader's competence check for claims on
+  `stratum` (COMPETENCE_RULE): the memorised problems' numbers for 'memorised' (where the
+  check measured them), the held-out problems' otherwise."""
+  where, c = 'held-out', comp
+  if stratum == 'memorised' and 'memorised' in comp:
+    where, c = 'memorised', comp['memorised']
+  ok = (c['accuracy'] >= comp['min_accuracy'] and c['parse_rate'] >= comp['min_parse_rate']
+        if where == 'memorised' else bool(comp['competent']))
+  return ok, '' if ok else (f"{where} accuracy {c['accuracy']:.3f} < {comp['min_accuracy']} "
+                            f"or parse rate {c['parse_rate']:.3f} < {comp['min_parse_rate']}")
+
+
 def unless_competent(found: Sequence[claims.Claim], competence: Mapping[str, Mapping]
                      ) -> list[claims.Claim]:
-  """The claims with those of a reader whose competence check failed made untested: a
-  reader that did not learn the task is reported as such, never audited as if it had."""
+  """The claims with those of a reader that is not competent on the claim's problems made
+  untested (COMPETENCE_RULE): a reader that did not learn the task is reported as such,
+  never audited as if it had."""
   out = []
   for c in found:
+    tag = re.search(r' \[(\w+)\]', c.name)   # 'a vs b [st]: …' or 'a: follows [st]'
+    stratum = tag.group(1) if tag else None
     names = [x.split(' [')[0].strip() for x in c.name.split(':', 1)[0].split(' vs ')]
-    bad = next((r for r in names if r in competence and not competence[r]['competent']), None)
-    if bad is not None:
-      comp = competence[bad]
-      c = claims.Claim(c.name, c.statement, claims.UNTESTED,
-                       f"{bad} not competent (held-out accuracy {comp['accuracy']:.3f} < "
-                       f"{comp['min_accuracy']} or parse rate {comp['parse_rate']:.3f} < "
-                       f"{comp['min_parse_rate']}); its rows: {c.numbers}", c.rule)
+    for r in names:
+      if r not in competence:
+        continue
+      ok, why = competent_on(competence[r], stratum)
+      if not ok:
+        c = claims.Claim(c.name, c.statement, claims.UNTESTED,
+                         f"{r} not competent ({why}); its rows: {c.numbers}", c.rule)
+        break
     out.append(c)
   return out
