@@ -124,10 +124,11 @@ def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
 
 
 def test_loss_is_the_mean_nll_of_the_target_tokens():
-  """trace_loss (logits of the last n_tail positions only) against a full forward: the mean
+  """sft.target_loss (logits of the last n_tail positions only) against a full forward: the mean
   of −log p over exactly the target tokens; the forced prefix and the prompt carry no loss."""
   from ceu_jax.audits.traces import audit as ts
   from ceu_jax.audits.traces import finetune as ft
+  from ceu_jax.pretrained import sft
   from ceu_jax.pretrained import load_smollm2, load_tokenizer
   from ceu_jax.pretrained import lora as lora_lib
   from ceu_jax.pretrained.model import SmolLM
@@ -142,7 +143,7 @@ def test_loss_is_the_mean_nll_of_the_target_tokens():
   adapters = lora_lib.init_adapters(jax.random.PRNGKey(0), mc, lcfg)
   adapters = jax.tree_util.tree_map_with_path(   # a non-zero update, so the merge matters
       lambda p, x: x + 0.01 if p[-1].key == 'b' else x, adapters)
-  loss, metrics = ft.trace_loss(adapters, variables['params'], batch, config=mc, lora=lcfg,
+  loss, metrics = sft.target_loss(adapters, variables['params'], batch, config=mc, lora=lcfg,
                                 n_tail=80)
   params = lora_lib.merge(variables['params'], adapters, lcfg)
   logits = SmolLM(mc).apply({'params': params}, batch['tokens'][:, :-1], batch['valid'][:, :-1])

@@ -58,7 +58,6 @@ import math
 from typing import Any, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ceu_jax import fields
@@ -66,7 +65,7 @@ from ceu_jax import sharding as sharding_lib
 from ceu_jax.audits.traces import audit as ts
 from ceu_jax.audits.traces import arithmetic as ar
 from ceu_jax.pretrained import lora as lora_lib
-from ceu_jax.pretrained import model as M
+from ceu_jax.pretrained import sft
 from ceu_jax.pretrained.model import SmolLMConfig
 from ceu_jax.train import config as config_lib
 
@@ -300,42 +299,11 @@ def row_tokens(tok, row: Row) -> tuple[list[int], int, list[bool]]:
 
 
 def batch_arrays(tok, rows: Sequence[Row], max_len: int, n_tail: int) -> dict:
-  """tokens / valid / loss_mask / answer_mask [B, max_len], left-padded; ValueError naming
-  the item when a row is longer than max_len or its target longer than n_tail tokens."""
-  from ceu_jax.pretrained.tokenizer import PAD_ID
-  b = len(rows)
-  out = dict(tokens=np.full((b, max_len), PAD_ID, np.int32), valid=np.zeros((b, max_len), bool),
-             loss_mask=np.zeros((b, max_len), bool), answer_mask=np.zeros((b, max_len), bool))
-  for i, row in enumerate(rows):
-    ids, n_t, flags = row_tokens(tok, row)
-    if len(ids) > max_len or n_t > n_tail:
-      raise ValueError(f'item {row.item.id}: row of {len(ids)} tokens (max data.max_len='
-                       f'{max_len}), target of {n_t} (max data.max_target_tokens={n_tail})')
-    out['tokens'][i, max_len - len(ids):] = ids
-    out['valid'][i, max_len - len(ids):] = True
-    out['loss_mask'][i, max_len - n_t:] = True
-    out['answer_mask'][i, max_len - n_t:] = flags
-  return out
-
-
-def trace_loss(trainable: Any, base: Optional[dict], batch: dict, *, config: SmolLMConfig,
-               lora: lora_lib.LoRAConfig, n_tail: int) -> tuple[jax.Array, dict]:
-  """(mean NLL per target token, metrics); differentiable in `trainable`."""
-  params = lora_lib.merged(trainable, base, lora)
-  tokens = batch['tokens']
-  logits = M.SmolLM(config).apply({'params': params}, tokens[:, :-1], batch['valid'][:, :-1],
-                                  n_logits=n_tail)
-  tgt = tokens[:, -n_tail:]
-  logp = jax.nn.log_softmax(M.as_f32(logits), axis=-1)
-  tok = jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
-  m, am = batch['loss_mask'][:, -n_tail:], batch['answer_mask'][:, -n_tail:]
-  mf = m.astype(jnp.float32)
-  nll = -(tok * mf).sum() / jnp.maximum(mf.sum(), 1.0)
-  hit = jnp.argmax(logits, -1) == tgt
-  answer_ok = jnp.all(hit | ~am, -1) & am.any(-1)
-  return nll, {'loss': nll, 'task_nll': nll,
-               'token_acc': (hit * mf).sum() / jnp.maximum(mf.sum(), 1.0),
-               'train_answer_acc': answer_ok.mean()}
+  """tokens / valid / loss_mask / answer_mask [B, max_len], left-padded (`sft.pack`);
+  ValueError naming the item when a row is longer than max_len or its target longer than
+  n_tail tokens."""
+  return sft.pack([row_tokens(tok, r) for r in rows], max_len, n_tail,
+                  [r.item.id for r in rows])
 
 
 # ----------------------------------------------------------------------------
@@ -375,8 +343,8 @@ class SmolLM2TraceTask(lora_lib.AdapterTask):
 
   def loss(self, params: Any, frozen: Any, batch: dict, rng: jax.Array):
     del rng
-    return trace_loss(params, frozen, batch, config=self.model_config, lora=self.lora,
-                      n_tail=self.n_tail)
+    return sft.target_loss(params, frozen, batch, config=self.model_config, lora=self.lora,
+                           n_tail=self.n_tail)
 
   def train_rows(self, step: int, batch_size: int) -> list[Row]:
     return [training_row(self.config, self.domain, r, self.exclude)
