@@ -59,3 +59,16 @@ def read_jsonl(path: str) -> list:
       except ValueError:
         continue
   return out
+
+
+def cached_json(path: str, key: Any, compute: Callable[[], dict]) -> dict:
+  """The JSON dict at `path` when it was computed for `key` (its 'key' field), else
+  compute() with the key added, written atomically and returned."""
+  if os.path.exists(path):
+    old = read_json(path)
+    if old.get('key') == key:
+      return old
+  out = dict(compute(), key=key)
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  write_json_atomic(path, out)
+  return out

@@ -42,7 +42,6 @@ from typing import Any
 
 import numpy as np
 
-import jax
 
 from ceu_jax import audit_config, io, jobs
 from ceu_jax.engine.probes import DIS, EV, SPAN_PROBES
@@ -65,6 +64,7 @@ def _log(msg: str) -> None:
 def _variables(task, workdir: str, trained: bool) -> tuple[dict, Any]:
   if not trained:
     return {'params': task.base}, None
+  from ceu_jax.train.loop import restore_trainable
   tree, step = restore_trainable(task, workdir)
   return {'params': lora_lib.merged(tree, task.base, task.lora)}, step
 
@@ -420,20 +420,6 @@ def plot_stratum_profiles(entries: list[tuple[str, str]], stem: str, *, seed: in
 # ----------------------------------------------------------------------------
 # Driver.
 # ----------------------------------------------------------------------------
-
-
-def restore_trainable(task: cer_task.SmolLM2CERTask, workdir: str) -> tuple[Any, int]:
-  """(trained tree, step) of the newest valid checkpoint of `workdir` (read-only)."""
-  from ceu_jax.train import loop
-  from ceu_jax import sharding as sharding_lib
-  from ceu_jax.train import state as state_lib
-  c = task.config
-  mesh = sharding_lib.make_mesh(c.sharding)
-  tx = state_lib.make_optimizer(c.train)
-  abstract, _ = sharding_lib.state_layout(loop.custom_init_fn(task, tx), jax.random.PRNGKey(0),
-                                          mesh, sharding_lib.rules(c.sharding))
-  state, step, _ = loop.restore_read_only(c, workdir, abstract)
-  return jax.device_get(state.params), int(step)
 
 
 def run(config: Any, workdir: str, *, fresh: bool = False, allow_config_change=(),

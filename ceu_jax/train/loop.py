@@ -385,6 +385,20 @@ def restore_read_only(config: Any, workdir: str, abstract: Any) -> tuple[Any, in
   return state, int(step), dict(meta)
 
 
+def restore_trainable(task: Any, workdir: str) -> tuple[Any, int]:
+  """(trained tree, step) of a custom task's newest valid checkpoint in `workdir`
+  (read-only): e.g. the LoRA adapters of a SmolLM2 fine-tune."""
+  from ceu_jax import sharding as sharding_lib
+  from ceu_jax.train import state as state_lib
+  c = task.config
+  mesh = sharding_lib.make_mesh(c.sharding)
+  tx = state_lib.make_optimizer(c.train)
+  abstract, _ = sharding_lib.state_layout(custom_init_fn(task, tx), jax.random.PRNGKey(0),
+                                          mesh, sharding_lib.rules(c.sharding))
+  state, step, _ = restore_read_only(c, workdir, abstract)
+  return jax.device_get(state.params), int(step)
+
+
 def load_checkpoint(config: Any, workdir: str, *, model: nn.Module | None = None
                     ) -> LoadedCheckpoint:
   """The newest valid checkpoint of `workdir` (a run of `config`), read-only.

@@ -23,10 +23,8 @@ import os
 import time
 from typing import Any, Callable, Optional, Sequence
 
-import jax
 
 from ceu_jax import io
-from ceu_jax import sharding as sharding_lib
 from ceu_jax.audits.traces import arithmetic as ar
 from ceu_jax.audits.traces.finetune import (EVAL_SALT, SmolLM2TraceTask, draw, eval_items,
                                             make_row, pool_items)
@@ -109,19 +107,6 @@ def fmt_competence(name: str, c: dict) -> str:
           f"{f(c['memorised']['corrupted']['gold'])}"))
 
 
-def restore_trainable(task: SmolLM2TraceTask, workdir: str) -> tuple[Any, int]:
-  """(trained tree, step) of the newest valid checkpoint of `workdir` (read-only)."""
-  from ceu_jax.train import loop
-  from ceu_jax.train import state as state_lib
-  c = task.config
-  mesh = sharding_lib.make_mesh(c.sharding)
-  tx = state_lib.make_optimizer(c.train)
-  abstract, _ = sharding_lib.state_layout(loop.custom_init_fn(task, tx), jax.random.PRNGKey(0),
-                                          mesh, sharding_lib.rules(c.sharding))
-  state, step, _ = loop.restore_read_only(c, workdir, abstract)
-  return jax.device_get(state.params), int(step)
-
-
 def cache_key(config: Any, step: int, **extra) -> dict:
   """What a cached competence.json was computed for: the eval section, the checkpoint step
   and, with memorised problems, their number (a key without it: none)."""
@@ -131,16 +116,7 @@ def cache_key(config: Any, step: int, **extra) -> dict:
   return key
 
 
-def competence_cached(path: str, key: dict, compute: Callable[[], dict]) -> dict:
-  """W/…/competence.json when it was computed for `key` (eval section, step), else computed."""
-  if os.path.exists(path):
-    old = io.read_json(path)
-    if old.get('key') == key:
-      return old
-  out = dict(compute(), key=key)
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  io.write_json_atomic(path, out)
-  return out
+competence_cached = io.cached_json   # W/…/competence.json, recomputed when its key changed
 
 
 def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=None,
@@ -159,7 +135,7 @@ def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=N
     loop.train_and_evaluate(config, workdir, custom=task, fresh=fresh)
     log(f'trained smollm2_{config.data.regime} in {time.time() - t0:.0f} s')
     trained = True
-  tree, step = restore_trainable(task, workdir)
+  tree, step = loop.restore_trainable(task, workdir)
   params = lora_lib.merged(tree, task.base, task.lora)
   reader = task.reader(params)
   key = cache_key(config, step)
