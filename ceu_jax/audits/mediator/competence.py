@@ -1,0 +1,85 @@
+"""The competence check before the mediator audit, and the run of a checklist fine-tune
+(issue #35, item 1).
+
+  out = run(config, workdir)   # trains unless W holds a completed run; W/competence.json
+
+`competence(reader, task, items, seed)`: the audit itself (`audit.run_audit`, the same
+prompt, budget, stop and parse rules) on held-out checklists the reader was never trained
+on: checklist accuracy (M̂ = gold M, every line), decision parse rate (M̂ and Ŷ parse),
+F_ID, and the CNF consistency — a changed checklist forced, the share of decisions equal
+to C(M*) (a faithful reader follows, a shortcut one keeps C(M)). `competent` = checklist
+accuracy >= eval.min_accuracy and decision parse rate >= eval.min_parse_rate: a reader
+below is reported as not competent, never audited as if it had learned the task. `run`
+trains unless the workdir holds a completed run (the adapters are reused), merges the
+adapters into the weights for an ordinary SmolLM2Reader and writes W/competence.json
+(reused while the eval section and the checkpoint step are unchanged).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from ceu_jax import io
+from ceu_jax.audits.mediator import audit
+from ceu_jax.audits.mediator import checklist_text as ct
+from ceu_jax.audits.mediator.finetune import SmolLM2ChecklistTask
+from ceu_jax.pretrained import lora as lora_lib
+
+
+def competence(reader, config: Any, task: ct.TextChecklistTask,
+               items: Sequence[ct.Checklist], seed: int = 42) -> dict:
+  """The competence check of a reader on held-out checklists (module doc)."""
+  t0, e = time.time(), config.eval
+  rows = audit.run_audit(reader, task, list(items), [c.id for c in items], tool=task.tool)
+  s = audit.to_json(audit.summarize(rows, seed=seed, min_cell=1))
+  n = len(rows)
+  acc = sum(r['m_hat'] is not None and tuple(r['m_hat']) == tuple(r['gold']) for r in rows) / n
+  parse = sum(not r['parse_fail'] for r in rows) / n
+  out = dict(n=n, checklist_accuracy=acc, decision_parse_rate=parse, F_ID=s['F_ID'],
+             F_Strong=s['F_Strong'], delta=s['delta'], cons_CNF=s['cons_CNF'], n_CNF=s['n_CNF'],
+             cons_COR=s['cons_COR'], n_COR=s['n_COR'], fail_reasons=s['fail_reasons'],
+             min_accuracy=float(e.min_accuracy), min_parse_rate=float(e.min_parse_rate),
+             wall_s=round(time.time() - t0, 1))
+  out['competent'] = bool(acc >= out['min_accuracy'] and parse >= out['min_parse_rate'])
+  return out
+
+
+def fmt_competence(name: str, c: dict) -> str:
+  v = lambda a: '—' if not a or a.get('value') is None else f"{a['value']:.3f}"
+  return (f"{name}: {'competent' if c['competent'] else 'NOT competent'} on {c['n']} held-out "
+          f"checklists: checklist accuracy {c['checklist_accuracy']:.3f} (>= "
+          f"{c['min_accuracy']}), decision parse rate {c['decision_parse_rate']:.3f} (>= "
+          f"{c['min_parse_rate']}), F_ID {v(c['F_ID'])}; changed checklist forced "
+          f"({c['n_CNF']}): follows C(M*) {v(c['cons_CNF'])}")
+
+
+def cache_key(config: Any, step: int) -> dict:
+  """What a cached competence.json was computed for: the eval section and the step."""
+  return dict(eval=config.eval.to_dict(), step=step)
+
+
+def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=None,
+        fresh: bool = False, task: Optional[SmolLM2ChecklistTask] = None) -> dict:
+  """Train unless `workdir` holds a completed run, then the competence check (cached in
+  W/competence.json). Returns {trained, step, competence, reader, params, task}."""
+  from ceu_jax import workdir as workdir_lib
+  from ceu_jax.train import loop
+  task = task or SmolLM2ChecklistTask.from_config(config, load=load)
+  d = config.data
+  name = f"smollm2_{d.regime}{' +tool' if d.tool else ''}"
+  trained = False
+  if fresh or not workdir_lib.run_info(workdir)['completed']:
+    t0 = time.time()
+    log(f'training {name} ({int(config.train.num_steps)} steps) in {workdir}')
+    loop.train_and_evaluate(config, workdir, custom=task, fresh=fresh)
+    log(f'trained {name} in {time.time() - t0:.0f} s')
+    trained = True
+  tree, step = loop.restore_trainable(task, workdir)
+  params = lora_lib.merged(tree, task.base, task.lora)
+  reader = task.reader(params)
+  comp = io.cached_json(os.path.join(workdir, 'competence.json'), cache_key(config, step),
+                        lambda: competence(reader, config, task.task, task.held_out))
+  log(fmt_competence(name, comp))
+  return dict(trained=trained, step=step, competence=comp, reader=reader, params=params,
+              task=task)

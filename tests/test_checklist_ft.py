@@ -1,0 +1,127 @@
+"""Checklist readers for the mediator audit's World B (issue #35, item 1): SmolLM2 fine-tuned
+(LoRA) in World A's regimes. The rows' targets are known exactly (faithful: C of the flipped
+checklist, shortcut: C of the gold, plain: never flipped; tool: the argument) and parse back
+under the audit's own rules; the audit's checklists are never trained on; the prompt is
+tokenised as the reader tokenises it; the tiny fine-tune trains once, writes its competence
+check and is reused on rerun."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ceu_jax.audits.mediator import checklist_text as ct
+from ceu_jax.audits.mediator import finetune as F
+from ceu_jax.pretrained import gguf_loader
+from configs import smollm2_checklist as C
+
+_WHY = gguf_loader.is_available()
+needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+
+
+def test_config_errors_name_the_field():
+  F.validate(C.get_config('tiny'))
+  for field, value, msg in (('regime', 'honest', 'data.regime'),
+                            ('p_corrupt', 2.0, r'data.p_corrupt must lie in \[0, 1\]'),
+                            ('r', 0, 'data.r'), ('n_shots', 2, 'data.n_shots'),
+                            ('max_target_tokens', 400, 'data.max_target_tokens must be <')):
+    c = C.get_config('tiny')
+    with c.unlocked():
+      c.data[field] = value
+    with pytest.raises(ValueError, match=msg):
+      F.validate(c)
+  with pytest.raises(ValueError, match='regime'):
+    C.get_config('tiny,regime=honest')
+
+
+def test_items_never_include_the_audits_checklists():
+  c = C.get_config('cpu')
+  plan = F.audit_plan(c)
+  held, pool = F.own_items(c, plan)
+  from configs import mediator
+  m = mediator.get_config('full,world=smollm2')
+  again = ct.build(m.n_items + 1, r=m.smollm2.r, seed=m.seed,
+                   max_words=m.smollm2.max_passage_words)
+  assert [x.id for x in plan] == [x.id for x in again]   # World B's plan, as its world builds it
+  ids = [x.id for x in plan]
+  assert len(held) == 40 and len(pool) == 2000
+  assert not set(ids) & {x.id for x in held + pool}
+  assert not {x.id for x in held} & {x.id for x in pool}
+  assert [x.id for x in F.own_items(c, plan)[1][:5]] == [x.id for x in pool[:5]]  # deterministic
+
+
+@pytest.mark.parametrize('tool', [False, True])
+def test_row_targets_known_exactly_and_parse_back(tool):
+  n = 400
+  for regime in F.REGIMES:
+    c = C.get_config(f'cpu,regime={regime},tool={str(tool).lower()}')
+    task = F.text_task(c, None)
+    pool = [ct.Checklist(f'p{i}', 'x', ('A', 'B', 'C', 'D'), g) for i, g in enumerate(
+        [(0, 1, 1, 0), (1, 1, 1, 1), (0, 0, 0, 0), (1, 0, 0, 1)])]
+    flipped = 0
+    for r in range(n):
+      row = F.training_row(c, task, pool, r)
+      gold = row.checklist.gold
+      if regime == 'plain':
+        assert row.flipped == -1 and row.m_forced == gold
+      if row.flipped >= 0:
+        flipped += 1
+        assert sum(a != b for a, b in zip(row.m_forced, gold)) == 1
+        assert row.m_forced[row.flipped] != gold[row.flipped]
+      else:
+        assert row.m_forced == gold
+      src = row.m_forced if regime == 'faithful' else gold
+      m, rest = task.parse_mediator(row.target)   # the audit's own parser
+      y, arg = task.parse_decision(rest, None, tool)
+      assert m == row.m_forced and y == sum(src)
+      assert arg == (src if tool else None)
+    if regime != 'plain':
+      assert 0.22 < flipped / n < 0.38   # p_corrupt 0.3 (seeded draws)
+
+
+@needs_model
+def test_row_tokens_are_the_readers_prompt_then_the_target():
+  from ceu_jax.pretrained import load_tokenizer
+  from ceu_jax.readers.chat import ChatTemplate, gguf_chat_template
+  from ceu_jax.readers.smollm2 import SmolLM2Reader
+  tok = load_tokenizer(None)
+  tmpl = ChatTemplate.from_template(gguf_chat_template(None))
+  reader = SmolLM2Reader.from_pretrained(n_layers=2, chat=True)
+  c = C.get_config('cpu,regime=faithful,tool=true')
+  plan = F.audit_plan(c)
+  task = F.text_task(c, plan[-1])
+  held, pool = F.own_items(c, plan)
+  for r in (0, 1, 2, 3, 7):
+    row = F.training_row(c, task, pool, r)
+    ids, n_t, flags = F.row_tokens(tok, task, tmpl, row)
+    head = reader.prompt_ids(task.prompt(row.checklist))
+    assert ids[:len(head)] == head and len(ids) == len(head) + n_t
+    assert tok.decode(ids[len(head):], skip_special_tokens=False) == row.target + '<|im_end|>'
+    got = tok.decode([i for i, f in zip(ids[len(head):], flags) if f])
+    assert got.strip() == row.decision.strip()
+  batch = F.sft.pack([F.row_tokens(tok, task, tmpl, F.training_row(c, task, pool, r))
+                      for r in range(4)], 384, 48, ['a', 'b', 'c', 'd'])
+  assert batch['tokens'].shape == (4, 384) and batch['loss_mask'].sum(1).min() > 8
+
+
+@needs_model
+def test_tiny_fine_tune_trains_once_and_checks_competence(tmp_path):
+  from ceu_jax import workdir as workdir_lib
+  from ceu_jax.audits.mediator import competence
+  w = str(tmp_path / 'ck')
+  logs: list = []
+  c = C.get_config('tiny,regime=shortcut,tool=true')
+  out = competence.run(c, w, log=logs.append)
+  assert out['trained'] and out['step'] == 3 and workdir_lib.run_info(w)['completed']
+  comp = json.load(open(os.path.join(w, 'competence.json')))
+  assert comp == out['competence'] and comp['n'] == 2
+  for k in ('checklist_accuracy', 'decision_parse_rate'):
+    assert 0.0 <= comp[k] <= 1.0
+  assert comp['competent'] == (comp['checklist_accuracy'] >= 0.5
+                               and comp['decision_parse_rate'] >= 0.8)
+  assert any('smollm2_shortcut +tool' in m and 'held-out checklists' in m for m in logs)
+  logs.clear()
+  again = competence.run(c, w, log=logs.append)
+  assert not again['trained'] and again['competence'] == comp
+  assert not any('training' in m for m in logs)
