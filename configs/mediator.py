@@ -13,15 +13,19 @@ Oracle readers on World A items (exact known answers; no training):
 Tiny (the CI test runs it): `:tiny` (attention only, faithful + shortcut, 30
 training steps, 64 items), `:tiny,world=oracle`, `:tiny,world=smollm2` (2 of
 SmolLM2's 30 layers: plumbing only, 4 checklists).
+World B with checklist readers fine-tuned here (issue #35: SmolLM2 + LoRA in the faithful /
+shortcut / plain regime, with and without the tool, each checked for competence first):
+  python -m experiments.mediator --config configs/mediator.py:full,world=smollm2,finetuned=faithful+shortcut --workdir runs/mediator_smollm2_ft
 Arguments after the variant: world (atr | oracle | smollm2), n_items, steps (training
-steps of every World A reader), families (a '+'-joined list, e.g.
-attention+ssm), regimes (e.g. faithful+shortcut), tools (both | off | on).
+steps of every World A reader, or of World B's fine-tunes), families (a '+'-joined list, e.g.
+attention+ssm), regimes (e.g. faithful+shortcut), tools (both | off | on), finetuned (World B:
+a '+'-joined subset of faithful, shortcut, plain; tiny then keeps one prompt regime).
 """
 from __future__ import annotations
 
 import ml_collections
 
-from configs import common, smoke
+from configs import common, smoke, smollm2_checklist
 
 VARIANTS = ('tiny', 'full')
 WORLDS = ('atr', 'oracle', 'smollm2')
@@ -56,7 +60,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   a = common.parse_arg(arg, variant='full', world=common.Opt(str, choices=WORLDS),
                        n_items=common.Opt(int, 1), steps=common.Opt(int, 1),
                        families=common.Opt(str), regimes=common.Opt(str),
-                       tools=common.Opt(str, choices=('both', 'off', 'on')))
+                       tools=common.Opt(str, choices=('both', 'off', 'on')),
+                       finetuned=common.Opt(str))
   if a.variant not in VARIANTS:
     raise ValueError(f'variant must be one of {VARIANTS}, got {a.variant!r}')
   tiny = a.variant == 'tiny'
@@ -99,6 +104,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   b.n_layers = 2 if tiny else 0        # SmolLM2 layers used (0: all 30; tiny: plumbing only)
   b.batch_size = 4 if tiny else 16     # prompts per compiled decoder call
   b.gguf_path = ''                     # GGUF file ('': $CEU_SMOLLM2_GGUF or the package's)
+  if a.finetuned is not None:          # (absent otherwise: the plain World B config is unchanged)
+    fin = tuple(a.finetuned.split('+'))
+    bad = [v for v in fin if v not in REGIMES]
+    if bad or len(set(fin)) != len(fin) or c.world != 'smollm2':
+      raise ValueError(f'config argument finetuned={a.finetuned!r} is not allowed: finetuned '
+                       f'must be a +-joined subset of {REGIMES} (world=smollm2)')
+    b.finetuned = fin                  # checklist readers smollm2_lora/<regime>, fine-tuned here
+                                       # in W/train/<regime>[_tool] unless done (configs/
+                                       # smollm2_checklist.py), each with its competence check
+    if tiny:
+      b.regimes = ('detailed',)        # tiny: one prompt regime beside the fine-tunes
+    b.train = smollm2_checklist.get_config('tiny' if tiny else 'cpu')
+                                       # the fine-tunes' recipe; per reader the world sets
+                                       # data.regime, data.tool and ties data.audit_seed,
+                                       # audit_n_items, r, max_passage_words, chat, model.*,
+                                       # eval.batch_size to the audit's
+    if a.steps:
+      b.train.train.num_steps = a.steps
+      b.train.train.warmup_steps = min(b.train.train.warmup_steps, a.steps)
 
   c.oracle = o = ml_collections.ConfigDict()  # oracle world
   o.p_error = 0.2                      # share of items whose M̂ has one claim flipped

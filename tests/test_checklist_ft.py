@@ -125,3 +125,46 @@ def test_tiny_fine_tune_trains_once_and_checks_competence(tmp_path):
   again = competence.run(c, w, log=logs.append)
   assert not again['trained'] and again['competence'] == comp
   assert not any('training' in m for m in logs)
+
+
+@needs_model
+def test_tiny_world_b_audits_the_fine_tuned_readers_after_their_competence_check(tmp_path):
+  """`:tiny,world=smollm2,finetuned=faithful+shortcut,tools=on`: both checklist readers
+  trained (3 steps, 2 layers: plumbing) in W/train/<regime>_tool, checked, audited on World
+  B's checklists beside the prompted model, the pair's `separates` claim drawn, a
+  non-competent reader's claims untested; a rerun trains nothing."""
+  import shutil
+  from ceu_jax import workdir as workdir_lib
+  from ceu_jax.audits.mediator import job as mediator_job
+  from configs import mediator as mediator_config
+  c = mediator_config.get_config('tiny,world=smollm2,n_items=2,finetuned=faithful+shortcut,'
+                                 'tools=on')
+  w = str(tmp_path / 'w')
+  logs: list = []
+  s = mediator_job.run_mediator(c, w, log=logs.append)
+  ft = ('smollm2_lora/faithful +tool', 'smollm2_lora/shortcut +tool')
+  assert set(s['settings']) == {'smollm2/detailed +tool', *ft}
+  assert sum('training smollm2_' in m for m in logs) == 2
+  for k in ft:
+    assert s['settings'][k]['n'] == 2
+  assert tuple(s['competence']) == ft
+  for regime in ('faithful', 'shortcut'):
+    sub = os.path.join(w, 'train', f'{regime}_tool')
+    assert workdir_lib.run_info(sub)['completed']
+    tc = json.load(open(os.path.join(sub, 'config.json')))
+    assert tc['data']['regime'] == regime and tc['data']['tool'] is True
+    assert tc['data']['audit_n_items'] == 2 and tc['model']['n_layers'] == 2
+  names = {x['name']: x for x in s['claims']}
+  sep = names['smollm2_lora/shortcut vs faithful +tool: separates']
+  for x in s['claims']:
+    bad = [k for k in ft if x['name'].startswith(k + ':') or x['name'] == sep['name']]
+    if any(not s['competence'][k]['competent'] for k in bad):
+      assert x['verdict'] == 'untested' and 'not competent' in x['numbers']
+  report = open(os.path.join(w, 'report.md')).read()
+  assert '## Competence before the audit' in report and '| smollm2_lora/shortcut +tool |' in report
+  shutil.rmtree(os.path.join(w, 'units'))
+  os.remove(os.path.join(w, 'summary.json'))
+  logs.clear()
+  s2 = mediator_job.run_mediator(c, w, log=logs.append)
+  assert not any('training' in m for m in logs), logs
+  assert s2['settings'] == s['settings'] and s2['competence'] == s['competence']

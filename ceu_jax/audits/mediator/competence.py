@@ -54,6 +54,18 @@ def fmt_competence(name: str, c: dict) -> str:
           f"({c['n_CNF']}): follows C(M*) {v(c['cons_CNF'])}")
 
 
+def table(comps: dict) -> str:
+  """Markdown: one row per fine-tuned setting's competence check."""
+  v = lambda a: '—' if not a or a.get('value') is None else f"{a['value']:.3f}"
+  lines = ['| setting | competent | n | checklist accuracy | decision parse rate | F_ID | '
+           'changed M forced: follows C(M*) (n) | wall s |', '|---|---|---:|---|---|---|---|---:|']
+  for k, c in comps.items():
+    lines.append(f"| {k} | {'yes' if c['competent'] else '**no**'} | {c['n']} | "
+                 f"{c['checklist_accuracy']:.3f} | {c['decision_parse_rate']:.3f} | "
+                 f"{v(c['F_ID'])} | {v(c['cons_CNF'])} ({c['n_CNF']}) | {c['wall_s']:.0f} |")
+  return '\n'.join(lines)
+
+
 def cache_key(config: Any, step: int) -> dict:
   """What a cached competence.json was computed for: the eval section and the step."""
   return dict(eval=config.eval.to_dict(), step=step)

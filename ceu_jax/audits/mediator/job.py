@@ -78,9 +78,13 @@ class MediatorJob(jobs.Job):
       for name, tool in self.settings:
         summary['settings'][worlds.setting(name, tool)]['probe'] = self.world.probe(name, tool)
     rows = {worlds.setting(*s): rs for s, rs in self._rows(results).items()}
-    found = verdicts.run_claims(summary['settings'], rows,
-                                verdicts.contrasts(self.world.readers, c.tools),
+    pairs = verdicts.contrasts(self.world.readers, c.tools)
+    found = verdicts.run_claims(summary['settings'], rows, pairs,
                                 seed=c.bootstrap_seed, min_cell=c.min_cell)
+    competence = self.world.competence() if hasattr(self.world, 'competence') else {}
+    if competence:   # World B's fine-tuned readers: the competence check before the audit
+      summary['competence'] = competence
+      found = verdicts.unless_competent(found, competence, pairs)
     summary['claims'] = [dataclasses.asdict(x) for x in found]
     return summary
 
@@ -121,6 +125,14 @@ def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> N
           'intervention) whenever its call parses (003 §6.1), beside Δ with the argument as written.',
           '', md.table(cells), '', '## Headline, decided by rule', '',
           claims.table([claims.Claim(**x) for x in summary['claims']])]
+  if summary.get('competence'):
+    from ceu_jax.audits.mediator import competence as mc
+    text += ['', '## Competence before the audit (held-out checklists)', '',
+             'The audit on checklists of passages the fine-tunes never saw (outside this '
+             'audit\'s plan): checklist accuracy (M̂ = gold, every line), decision parse rate, '
+             'F_ID and the CNF consistency (a changed checklist forced: does the decision '
+             'follow it). A setting below the thresholds is reported as not competent and '
+             'its claims are untested.', '', mc.table(summary['competence'])]
   if any('probe' in v for v in st.values()):
     text += ['', '## §8.4 companion: decision-position probe with M held fixed', '',
              'D− = every evidence verdict / VALUE swapped (the gold M changes), the answer '

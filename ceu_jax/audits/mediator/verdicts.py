@@ -173,3 +173,26 @@ def claims_of_workdir(workdir: str) -> list[claims.Claim]:
   c = summary['config']
   return run_claims(st, rows, contrasts(readers, tools),
                     seed=int(c['bootstrap_seed']), min_cell=int(c['min_cell']))
+
+
+def unless_competent(found: Sequence[claims.Claim], competence: Mapping[str, Mapping],
+                     pairs: Sequence[tuple[str, str, str]]) -> list[claims.Claim]:
+  """The claims with those naming a setting whose competence check failed made untested
+  (World B's fine-tuned readers): a reader that did not learn the task is reported as
+  such, never audited as if it had. A claim names its setting ('<setting>: …') or a pair
+  ('<label>: separates', `contrasts`)."""
+  by_label = {label: (a, b) for label, a, b in pairs}
+  out = []
+  for c in found:
+    head = c.name.rsplit(': ', 1)[0]
+    named = by_label.get(head, (head,))
+    bad = next((s for s in named if s in competence and not competence[s]['competent']), None)
+    if bad is not None:
+      k = competence[bad]
+      c = claims.Claim(c.name, c.statement, claims.UNTESTED,
+                       f"{bad} not competent (checklist accuracy {k['checklist_accuracy']:.3f} "
+                       f"< {k['min_accuracy']} or decision parse rate "
+                       f"{k['decision_parse_rate']:.3f} < {k['min_parse_rate']}); its rows: "
+                       f"{c.numbers}", c.rule)
+    out.append(c)
+  return out

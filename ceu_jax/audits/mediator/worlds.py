@@ -133,14 +133,61 @@ class AtrWorld(_World):
     return out
 
 
+FINETUNED = 'smollm2_lora'   # World B's fine-tuned checklist readers: smollm2_lora/<regime>
+
+
 class SmolLM2World(_World):
-  """World B: one SmolLM2 reader for every (prompt regime, tool) setting."""
+  """World B: one SmolLM2 reader for every (prompt regime, tool) setting; with
+  smollm2.finetuned, also the checklist readers smollm2_lora/<regime> (SmolLM2 + LoRA
+  fine-tuned in that regime, with or without the tool: `mediator.finetune`), trained in
+  W/train/<regime>[_tool] unless done, each checked for competence before it is audited."""
 
   def __init__(self, config):
     super().__init__(config)
-    self.readers = tuple(f'smollm2/{r}' for r in config.smollm2.regimes)
+    b = config.smollm2
+    self.finetuned = tuple(b.get('finetuned', ()))
+    self.readers = (tuple(f'smollm2/{r}' for r in b.regimes)
+                    + tuple(f'{FINETUNED}/{r}' for r in self.finetuned))
     self._model = None
     self._tasks: dict = {}
+    self._runs: dict = {}
+    if self.finetuned:
+      from ceu_jax.audits.mediator import finetune
+      for r in self.finetuned:
+        for tool in config.tools:
+          try:
+            finetune.validate(self.train_config(f'{FINETUNED}/{r}', tool))
+          except ValueError as e:
+            raise ValueError(f'smollm2.train.{e}') from None
+
+  def train_config(self, name: str, tool: bool):
+    """The fine-tune config of reader smollm2_lora/<regime>: `smollm2.train` with this regime
+    and tool, and the audit's checklists (seed, n_items, r, passage length), chat mode,
+    model and decoding batch."""
+    b, c = self.config.smollm2, self.config
+    tc = b.train.copy_and_resolve_references()
+    with tc.unlocked():
+      tc.data.regime, tc.data.tool = name.split('/')[1], bool(tool)
+      tc.data.audit_seed, tc.data.audit_n_items = int(c.seed), int(c.n_items)
+      tc.data.r, tc.data.max_passage_words = int(b.r), int(b.max_passage_words)
+      tc.data.chat = bool(b.chat)
+      tc.model.n_layers, tc.model.gguf_path = int(b.n_layers), str(b.gguf_path)
+      tc.eval.batch_size = int(b.batch_size)
+    return tc
+
+  def _run(self, name: str, tool: bool) -> dict:
+    """competence.run of a fine-tuned reader (trains in W/train/<regime>[_tool] unless done)."""
+    if (name, tool) not in self._runs:
+      from ceu_jax.audits.mediator import competence
+      sub = os.path.join(self.workdir, 'train', name.split('/')[1] + ('_tool' if tool else ''))
+      self._runs[(name, tool)] = competence.run(self.train_config(name, tool), sub,
+                                                log=self.log)
+    return self._runs[(name, tool)]
+
+  def competence(self) -> dict:
+    """{setting: competence check} of every fine-tuned setting ({} without any)."""
+    return {setting(n, t): self._run(n, t)['competence'] for n in self.readers
+            for t in self.config.tools if n.startswith(FINETUNED + '/')}
 
   def prepare(self, workdir, log):
     from ceu_jax.audits.mediator import checklist_text as ct
@@ -160,12 +207,18 @@ class SmolLM2World(_World):
     from ceu_jax.audits.mediator import checklist_text as ct
     if (name, tool) not in self._tasks:
       b = self.config.smollm2
-      self._tasks[(name, tool)] = ct.TextChecklistTask(
-          name.split('/')[1], tool=tool, r=b.r, demo=self.demo if b.n_shots else None,
-          chat=b.chat)
+      if name.startswith(FINETUNED + '/'):   # the prompt the reader was fine-tuned on
+        from ceu_jax.audits.mediator import finetune
+        self._tasks[(name, tool)] = finetune.text_task(self.train_config(name, tool), self.demo)
+      else:
+        self._tasks[(name, tool)] = ct.TextChecklistTask(
+            name.split('/')[1], tool=tool, r=b.r, demo=self.demo if b.n_shots else None,
+            chat=b.chat)
     return self._tasks[(name, tool)]
 
   def _build(self, name, tool):
+    if name.startswith(FINETUNED + '/'):
+      return self._run(name, tool)['reader']
     if self._model is None:
       from ceu_jax import readers
       self._model = readers.from_config(self.config.smollm2)
