@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ceu_jax import claims
+from ceu_jax.audits import layer_probe
 from ceu_jax.audits.traces import arithmetic as ar
 from ceu_jax.audits.traces import smollm2_probe as sp
 from ceu_jax.audits.traces import verdicts
@@ -50,31 +51,34 @@ def test_question_chars():
 
 
 @needs_model
-def test_rows_are_token_aligned_and_differ_in_the_question_only():
+def test_pairs_are_token_aligned_and_differ_in_the_question_only():
   from ceu_jax.pretrained import load_tokenizer
   tok, dom = load_tokenizer(None), _domain()
   items = [ar.make_arith_item(0, i) for i in range(12)]
-  pairs = [sp.probe_rows(dom, x) for x in items]
-  assert all(sp.aligned(tok, p) for p in pairs)
-  for x, (p, m) in zip(items, pairs):
-    assert p.target.endswith(f'Answer: {x.answer}') and m.target == p.target
-    assert m.prompt == dom.prompt(sp.moved_start(x))
-  a = sp.arrays(tok, dom, pairs, 400)
-  c, d, q = a['clean'], a['corrupt'], a['question']
-  moved = (c['tokens'] != d['tokens'])[:, :-1]
-  assert moved.any(1).all() and not (moved & ~q).any()
-  for i, x in enumerate(items):   # the span is the question's tokens, the answer is scored
-    assert tok.decode(c['tokens'][i, :-1][q[i]].tolist()).strip() == x.question
-    assert tok.decode(c['tokens'][i][c['answer_mask'][i]].tolist()).strip() == x.answer
-    assert c['answer_mask'][i, -len(x.answer):].all()   # the answer's digits end the row
+  pairs, skipped = sp.probe_pairs(tok, dom, items)
+  assert skipped == {} and [p.id for p in pairs] == [x.id for x in items]
+  for x, p in zip(items, pairs):
+    p.check()   # aligned, different, inside the question span only
+    plus, minus = sp.probe_rows(dom, x)
+    assert plus.target.endswith(f'Answer: {x.answer}') and minus.target == plus.target
+    assert minus.prompt == dom.prompt(sp.moved_start(x))
+    q = [t for t, m in zip(p.plus, p.spans[1]) if m]
+    assert tok.decode(list(q)).strip() == x.question   # the span is the question's tokens
+    assert tok.decode(list(p.plus[-p.answer_len:])).strip() == x.answer   # the answer ends it
+    assert p.spans[0] is None
+  bad = layer_probe.ProbePair('b', (1, 2, 3, 4), (1, 9, 3, 4), 1, (None, (False,) * 4))
+  with pytest.raises(AssertionError, match="item b: D\+ and D− differ outside a probe's span"):
+    bad.check()
+  with pytest.raises(AssertionError, match='differ in the forced output or answer'):
+    layer_probe.ProbePair('c', (1, 2, 3, 4), (1, 2, 3, 5), 1, (None,)).check()
 
 
 @needs_model
 def test_batched_probe_equals_the_engine_item_by_item():
-  """per_item (batches of 2, padded, the last batch filled with a repeat) against
-  `patching.reference_audit` (engine.record on D+, engine.patch on D−, one full forward per
-  layer and probe) of each item alone, unpadded: log-likelihoods at 1e-5, CEU within what
-  they propagate to."""
+  """layer_probe.per_item (batches of 2, left-padded, the last batch filled with a repeat)
+  against `patching.reference_audit` (engine.record on D+, engine.patch on D−, one full
+  forward per layer and probe) of each item alone, unpadded: log-likelihoods at 1e-5, CEU
+  within what they propagate to."""
   import jax.numpy as jnp
   from ceu_jax import engine
   from ceu_jax.pretrained import load_smollm2, load_tokenizer
@@ -82,19 +86,20 @@ def test_batched_probe_equals_the_engine_item_by_item():
   mc, variables = load_smollm2(None, n_layers=2)
   tok, dom = load_tokenizer(None), _domain()
   items = [ar.make_arith_item(0, i) for i in range(3)]
-  got = sp.per_item(variables['params'], mc, tok, dom, items, batch_size=2)
-  assert got['ids'] == [x.id for x in items] and got['skipped'] == [] and got['layers'] == 2
-  for i, x in enumerate(items):
-    pair = sp.probe_rows(dom, x)
-    n = len(sp.finetune.row_tokens(tok, pair[0])[0])
-    a = sp.arrays(tok, dom, [pair], n)
-    assert a['clean']['valid'].all()   # unpadded
-    pos = answer_positions(a['clean']['answer_mask'])
-    span = np.stack([np.ones_like(a['question']), a['question']])
+  pairs, _ = sp.probe_pairs(tok, dom, items)
+  got = layer_probe.per_item(variables['params'], mc, pairs, sp.PROBES, batch_size=2)
+  assert got['ids'] == [x.id for x in items] and got['layers'] == 2
+  for i, p in enumerate(pairs):
+    n = len(p.plus)
+    inp = lambda ids: {'tokens': np.asarray([ids], np.int32), 'valid': np.ones((1, n), bool),
+                       'answer_mask': np.asarray([[k >= n - p.answer_len for k in range(n)]])}
+    clean, corrupt = inp(p.plus), inp(p.minus)
+    pos = answer_positions(clean['answer_mask'])
+    span = np.stack([np.ones((1, n - 1), bool), np.asarray([p.spans[1][:-1]])])
     probes = engine.Probes(span=jnp.asarray(span), positions=jnp.asarray(
         np.broadcast_to(pos, span.shape).copy()), names=sp.PROBES)
-    ref = reference_audit(variables, mc, clean=a['clean'], corrupt=a['corrupt'], probes=probes,
-                          n_tail=len(x.answer))
+    ref = reference_audit(variables, mc, clean=clean, corrupt=corrupt, probes=probes,
+                          n_tail=p.answer_len)
     r0 = ref.results[0]
     np.testing.assert_allclose(got['L_plus'][i], float(r0.L_plus[0]), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got['L_minus'][i], float(r0.L_minus[0]), rtol=1e-5, atol=1e-5)
@@ -112,16 +117,16 @@ def test_batched_probe_equals_the_engine_item_by_item():
 
 def _items(dl, ceu_a, ceu_q, deg):
   n = len(dl)
-  return dict(ids=[f'i{j}' for j in range(n)], skipped=[], layers=len(ceu_a),
+  return dict(ids=[f'i{j}' for j in range(n)], layers=len(ceu_a),
               L_plus=[0.0] * n, L_minus=[-v for v in dl], delta_L=dl, degenerate=deg,
-              ceu={'answer': ceu_a, 'answer_question': ceu_q}, L_int={})
+              ceu={'answer': ceu_a, 'question': ceu_q}, L_int={})
 
 
 def test_summarize_means_by_stratum_over_non_degenerate_items():
   it = _items([0.5, 1.5, 0.0, 2.0], [[0.1, 0.3, 0.0, 0.5], [1.0, 0.0, 0.0, 0.2]],
               [[0.0, 0.1, 0.0, 0.1], [0.5, 0.5, 0.0, 0.5]], [False, False, True, False])
   strata = {'i0': 'memorised', 'i1': 'memorised', 'i2': 'fresh', 'i3': 'fresh'}
-  s = sp.summarize(it, strata, seed=0)
+  s = layer_probe.summarize(it, strata, seed=0)
   assert s['n'] == 4 and s['n_degenerate'] == 1
   assert s['delta_L']['value'] == pytest.approx(1.0)
   assert s['layers'][0]['ceu_answer']['value'] == pytest.approx(0.3)   # (0.1 + 0.3 + 0.5) / 3
@@ -131,16 +136,17 @@ def test_summarize_means_by_stratum_over_non_degenerate_items():
   assert m['delta_L']['value'] == pytest.approx(1.0) and f['delta_L']['value'] == pytest.approx(1.0)
   assert f['n_degenerate'] == 1 and f['layers'][0]['ceu_answer']['value'] == pytest.approx(0.5)
   assert m['layers'][1]['ceu_answer']['value'] == pytest.approx(0.5)
-  assert sp.peak(s)['layer'] == 1 and sp.peak(s, 'ceu_question')['layer'] == 1
+  assert layer_probe.peak(s, 'ceu_answer')['layer'] == 1
+  assert layer_probe.peak(s, 'ceu_question')['layer'] == 1
   assert s['delta_L_by_item'] == {'i0': 0.5, 'i1': 1.5, 'i2': 0.0, 'i3': 2.0}
-  assert sp.summarize(it, None)['by_stratum'] == {}
+  assert layer_probe.summarize(it, None)['by_stratum'] == {}
   table = sp.table({'r': s})
   assert '| r | memorised | 2 | 0 |' in table and '| r | all | 4 | 1 |' in table
 
 
 def _summary(dl, strata):
   it = _items(dl, [[0.0] * len(dl)], [[0.0] * len(dl)], [False] * len(dl))
-  return sp.summarize(it, strata, seed=0)
+  return layer_probe.summarize(it, strata, seed=0)
 
 
 def test_probe_claims_decided_by_rule():

@@ -152,6 +152,7 @@ class SmolLM2World:
     if not n or 'arithmetic' not in self.items:
       return {}
     from ceu_jax import io
+    from ceu_jax.audits import layer_probe
     from ceu_jax.audits.traces import smollm2_probe as sp
     from ceu_jax.engine.scores import DEFAULT_EPS
     items = self.items['arithmetic'][:n]
@@ -167,13 +168,15 @@ class SmolLM2World:
         params, mc, tok = self._weights(r)
         t0 = time.time()
         self.log(f'§8.4 probe: {r} on {len(items)} arithmetic items, every layer')
-        per = sp.per_item(params, mc, tok, self.domains['arithmetic'], items, eps=DEFAULT_EPS,
-                          progress=lambda i, m: self.log(f'  probe {r}: {i}/{m} items'))
+        pairs, skipped = sp.probe_pairs(tok, self.domains['arithmetic'], items)
+        per = layer_probe.per_item(params, mc, pairs, sp.PROBES, eps=DEFAULT_EPS,
+                                   progress=lambda i, m: self.log(f'  probe {r}: {i}/{m} items'))
+        per['skipped'] = skipped
         got = dict(key=key, items=per, wall_s=round(time.time() - t0, 1))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         io.write_json_atomic(path, got)
-      out[r] = dict(sp.summarize(got['items'], strata if self.memorised else None,
-                                 seed=int(config.bootstrap_seed)), wall_s=got['wall_s'])
+      out[r] = dict(layer_probe.summarize(got['items'], strata if self.memorised else None,
+                                          seed=int(config.bootstrap_seed)), wall_s=got['wall_s'])
     return out
 
   def _weights(self, name):
