@@ -162,9 +162,54 @@ def test_tiny_world_b_audits_the_fine_tuned_readers_after_their_competence_check
       assert x['verdict'] == 'untested' and 'not competent' in x['numbers']
   report = open(os.path.join(w, 'report.md')).read()
   assert '## Competence before the audit' in report and '| smollm2_lora/shortcut +tool |' in report
+  # §8.4: the decision-position probe of every setting, its claims, table and plot
+  assert set(s['probes']) == set(s['settings'])
+  for k, p in s['probes'].items():
+    assert p['n'] + len(p['skipped']) == 2 and len(p['layers']) == 2
+    assert os.path.exists(os.path.join(w, 'probes', k.replace('/', '_').replace(' +', '_')
+                                       + '.json'))
+  for what in ('probe separates', 'probe agrees'):
+    assert f'smollm2_lora/shortcut vs faithful +tool: {what}' in names
+  assert '## §8.4 companion: decision-position probe' in report
+  assert os.path.exists(os.path.join(w, 'probe_layers.png'))
   shutil.rmtree(os.path.join(w, 'units'))
   os.remove(os.path.join(w, 'summary.json'))
   logs.clear()
   s2 = mediator_job.run_mediator(c, w, log=logs.append)
-  assert not any('training' in m for m in logs), logs
+  assert not any('training' in m or '§8.4 probe' in m for m in logs), logs
   assert s2['settings'] == s['settings'] and s2['competence'] == s['competence']
+  assert s2['probes'] == s['probes']
+
+
+@needs_model
+def test_decision_probe_pairs_make_one_false_statement_true():
+  """The mediator probe's D− swaps one false statement's entity for one the passage
+  mentions (token-aligned): the gold count rises by one, the forced M and the scored
+  decision (D+'s gold) are the same, and D± differ inside the user message only."""
+  from ceu_jax.audits.mediator import smollm2_probe as mp
+  from ceu_jax.pretrained import load_tokenizer
+  from ceu_jax.readers.chat import ChatTemplate, gguf_chat_template
+  tok = load_tokenizer(None)
+  tmpl = ChatTemplate.from_template(gguf_chat_template(None))
+  c = C.get_config('cpu')
+  plan = F.audit_plan(c)
+  for tool in (False, True):
+    with c.unlocked():
+      c.data.tool = tool
+    task = F.text_task(c, plan[-1])
+    pairs, skipped = mp.probe_pairs(tok, task, tmpl, plan[:24])
+    assert len(pairs) + len(skipped) == 24 and len(pairs) >= 18
+    assert set(skipped.values()) <= {'all_true', 'no_aligned_swap'}
+    for p in pairs:
+      p.check()   # aligned, differ only inside the user message
+      x = next(x for x in plan if x.id == p.id)
+      y = task.render_decision(sum(x.gold), tool_arg=tuple(x.gold) if tool else None)
+      assert tok.decode(list(p.plus[-p.answer_len:])).strip() == y.strip()
+      d = [k for k, (a, b) in enumerate(zip(p.plus, p.minus)) if a != b]
+      new = tok.decode([p.minus[k] for k in range(d[0], d[-1] + 1)]).strip()
+      j = [k for k, g in enumerate(x.gold) if not g]
+      assert any(new in ct.entities(x.passage) or new in e for e in ct.entities(x.passage))
+      assert any(tok.decode([p.plus[k] for k in range(d[0], d[-1] + 1)]).strip()
+                 in x.entities[i] for i in j)
+    for k, why in skipped.items():
+      assert (why == 'all_true') == all(next(x for x in plan if x.id == k).gold)

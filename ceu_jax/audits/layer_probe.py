@@ -14,6 +14,11 @@ against the engine's record / patch). CEU is the engine's stabilised score over
 non-degenerate items (ΔL ≥ ε); means with 95% percentile-bootstrap CIs over items, overall
 and per stratum. Used by `traces.smollm2_probe` and `mediator.smollm2_probe`.
 
+Claims (`pair_claims`, issue #35 item 4) for a shortcut reader beside its faithful /
+following counterpart: `probe separates` — ΔL(shortcut) − ΔL(faithful), paired by item,
+CI above 0 (PROBE_RULE); `probe agrees` — the probe and the behavioural audit's `separates`
+reach the same verdict (AGREE_RULE).
+
 Shape legend: B items per batch, T tokens (left-padded), T_in = T − 1 reader positions,
 Q probes, L layers.
 """
@@ -24,8 +29,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ceu_jax import engine
-from ceu_jax.metrics.resampling import mean_ci
+from ceu_jax import claims, engine
+from ceu_jax.metrics.resampling import fmt_ci, mean_ci, paired_difference_ci
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,3 +218,45 @@ def layer_figure(probes: Mapping[str, dict], names: Sequence[str], titles: Seque
   fig.suptitle(title, fontsize=9)
   fig.tight_layout(rect=(0, 0.12, 1, 1))
   return plotting.save_figure(fig, stem)
+
+
+PROBE_RULE = ("one run, two readers on the same items: supported if the 95% CI of the mean "
+              "paired difference ΔL(shortcut) − ΔL(faithful / following) (items resampled) "
+              "lies above 0, opposite if below, else not supported; untested when no item was "
+              "probed for both readers")
+AGREE_RULE = ("supported when the behavioural `separates` and the `probe separates` verdicts "
+              "agree (both supported, or neither), not supported when one is supported and "
+              "the other not, untested when either is untested")
+
+
+def pair_claims(label: str, shortcut: Mapping, faithful: Mapping, behavioural, *, seed: int,
+                statement: str, stratum: Optional[str] = None,
+                names: tuple[str, str] = ('shortcut', 'faithful')) -> list[claims.Claim]:
+  """[`<label>: probe separates`, `<label>: probe agrees`] from two readers' probe summaries
+  (their per-item ΔL, one stratum's items or all) and the behavioural `separates` claim
+  (None: not run)."""
+  st_of = {**shortcut.get('stratum_by_item', {}), **faithful.get('stratum_by_item', {})}
+  da, db = faithful['delta_L_by_item'], shortcut['delta_L_by_item']
+  ids = [i for i in da if i in db and (stratum is None or st_of.get(i) == stratum)]
+  name = f'{label}: probe separates'
+  if not ids:
+    probe = claims.Claim(name, statement, claims.UNTESTED, 'no item probed for both readers',
+                         PROBE_RULE)
+  else:
+    agg = paired_difference_ci(np.asarray([db[i] for i in ids]),
+                               np.asarray([da[i] for i in ids]), seed=seed)
+    verdict = claims.direction(
+        claims.Difference('ΔL difference', (claims.SeedDifference('run', agg),)), +1)
+    probe = claims.Claim(name, statement, verdict,
+                         f'ΔL({names[0]}) − ΔL({names[1]}) {fmt_ci(agg, 3, signed=True)} nats '
+                         f'({agg.n} items) → {verdict}', PROBE_RULE)
+  v = (probe.verdict, None if behavioural is None else behavioural.verdict)
+  if None in v or claims.UNTESTED in v:
+    agree = claims.UNTESTED
+  else:
+    agree = (claims.SUPPORTED if (v[0] == claims.SUPPORTED) == (v[1] == claims.SUPPORTED)
+             else claims.NOT_SUPPORTED)
+  return [probe, claims.Claim(f'{label}: probe agrees', 'the mechanistic probe and the '
+                              'behavioural audit reach the same separation verdict', agree,
+                              f'probe: {v[0]}; behavioural: {v[1] or "not run"} → {agree}',
+                              AGREE_RULE)]

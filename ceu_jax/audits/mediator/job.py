@@ -14,6 +14,8 @@ check against W/job.json, W/units/ resumed, atomic outputs, progress). Outputs:
                 tool residual per setting; shortcut vs faithful reader, paired)
   report.md     the table and the figures
   cor_cnf.png/pdf, fid_fstrong.png/pdf
+  probe_layers.png/pdf  (World B with fine-tuned readers) the §8.4 decision-position probe's
+                CEU by layer per setting (`smollm2_probe`; per-item numbers in W/probes/)
 """
 from __future__ import annotations
 
@@ -81,6 +83,18 @@ class MediatorJob(jobs.Job):
     pairs = verdicts.contrasts(self.world.readers, c.tools)
     found = verdicts.run_claims(summary['settings'], rows, pairs,
                                 seed=c.bootstrap_seed, min_cell=c.min_cell)
+    probes = self.world.probes() if hasattr(self.world, 'probes') else {}
+    if probes:   # World B: the §8.4 decision-position probe per setting, and its claims
+      from ceu_jax.audits import layer_probe
+      summary['probes'] = probes
+      by_name = {x.name: x for x in found}
+      for label, short, faith in pairs:
+        if short in probes and faith in probes:
+          found += layer_probe.pair_claims(
+              label, probes[short], probes[faith], by_name.get(f'{label}: separates'),
+              seed=c.bootstrap_seed, statement='the §8.4 probe tells the shortcut reader from '
+              'the faithful one: with M held fixed, making a statement true moves the shortcut '
+              'reader\'s decision more (ΔL larger on the same checklists)')
     competence = self.world.competence() if hasattr(self.world, 'competence') else {}
     if competence:   # World B's fine-tuned readers: the competence check before the audit
       summary['competence'] = competence
@@ -133,6 +147,13 @@ def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> N
              'F_ID and the CNF consistency (a changed checklist forced: does the decision '
              'follow it). A setting below the thresholds is reported as not competent and '
              'its claims are untested.', '', mc.table(summary['competence'])]
+  if summary.get('probes'):
+    from ceu_jax.audits.mediator import smollm2_probe
+    text += ['', '## §8.4 companion: decision-position probe with M held fixed (SmolLM2)', '',
+             smollm2_probe.DESCRIPTION, '', smollm2_probe.table(summary['probes'])]
+    if config.plots:
+      smollm2_probe.layer_figure(summary['probes'], ctx.path('probe_layers'))
+      text += ['', '![CEU by layer](probe_layers.png)']
   if any('probe' in v for v in st.values()):
     text += ['', '## §8.4 companion: decision-position probe with M held fixed', '',
              'D− = every evidence verdict / VALUE swapped (the gold M changes), the answer '

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Callable
 
 from ceu_jax import io
@@ -183,6 +184,56 @@ class SmolLM2World(_World):
       self._runs[(name, tool)] = competence.run(self.train_config(name, tool), sub,
                                                 log=self.log)
     return self._runs[(name, tool)]
+
+  def probes(self) -> dict:
+    """SPEC §8.4: the decision-position probe (`mediator.smollm2_probe`) of every setting on
+    the first smollm2.probe_items checklists, a layer profile; {} when off (0 or absent).
+    Per setting cached in W/probes/<setting>.json (per-item numbers and what they were
+    computed for: setting, checkpoint step, checklists, ε)."""
+    n = int(self.config.smollm2.get('probe_items', 0))
+    if not n:
+      return {}
+    from ceu_jax.audits import layer_probe
+    from ceu_jax.audits.mediator import smollm2_probe as sp
+    from ceu_jax.engine.scores import DEFAULT_EPS
+    items, b, out = self.items[:n], self.config.smollm2, {}
+    for name in self.readers:
+      for tool in self.config.tools:
+        ft = name.startswith(FINETUNED + '/')
+        key = dict(setting=setting(name, tool), step=self._run(name, tool)['step'] if ft else 0,
+                   items=[c.id for c in items], eps=DEFAULT_EPS, n_layers=int(b.n_layers),
+                   gguf_path=str(b.gguf_path))
+        path = os.path.join(self.workdir, 'probes', f'{setting_key(name, tool)}.json')
+        got = io.read_json(path) if os.path.exists(path) else None
+        if got is None or got.get('key') != key:
+          params, mc, tok, template = self._weights(name, tool)
+          self.log(f'§8.4 probe: {setting(name, tool)} on {len(items)} checklists, every layer')
+          t0 = time.time()
+          pairs, skipped = sp.probe_pairs(tok, self.task(name, tool), template, items)
+          per = layer_probe.per_item(params, mc, pairs, sp.PROBES, eps=DEFAULT_EPS,
+                                     progress=lambda i, m, k=setting(name, tool):
+                                     self.log(f'  probe {k}: {i}/{m} checklists'))
+          per['skipped'] = skipped
+          got = dict(key=key, items=per, wall_s=round(time.time() - t0, 1))
+          os.makedirs(os.path.dirname(path), exist_ok=True)
+          io.write_json_atomic(path, got)
+        out[setting(name, tool)] = dict(layer_probe.summarize(
+            got['items'], seed=int(self.config.bootstrap_seed)), wall_s=got['wall_s'])
+    return out
+
+  def _weights(self, name: str, tool: bool):
+    """(params, model config, tokenizer, chat template) of a setting's reader."""
+    if name.startswith(FINETUNED + '/'):
+      run = self._run(name, tool)
+      return run['params'], run['task'].model_config, run['task'].tokenizer, run['task'].template
+    from ceu_jax.pretrained import load_smollm2, load_tokenizer
+    from ceu_jax.readers.chat import ChatTemplate, gguf_chat_template
+    b = self.config.smollm2
+    path = str(b.gguf_path) or None
+    mc, variables = load_smollm2(path, n_layers=int(b.n_layers) or None)
+    text = gguf_chat_template(path)
+    return (variables['params'], mc, load_tokenizer(path),
+            None if text is None else ChatTemplate.from_template(text))
 
   def competence(self) -> dict:
     """{setting: competence check} of every fine-tuned setting ({} without any)."""

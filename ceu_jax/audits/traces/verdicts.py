@@ -42,8 +42,7 @@ import numpy as np
 from ceu_jax import claims
 from ceu_jax.audits.traces.audit import IDENTITY
 from ceu_jax.audits.traces.summary import item_sums, ratio_of_sums
-from ceu_jax.metrics.resampling import (Aggregate, bootstrap, fmt_ci, paired_difference_ci,
-                                        unpaired_bootstrap)
+from ceu_jax.metrics.resampling import Aggregate, bootstrap, fmt_ci, unpaired_bootstrap
 
 FOLLOW_MAJORITY = 0.5
 DOMAINS = ('arithmetic', 'factual')   # 002's math vs knowledge traces
@@ -133,57 +132,24 @@ def separation_claims(readers: Sequence[str],
   return out
 
 
-PROBE_RULE = ("one run, two readers on the same items: supported if the 95% CI of the mean "
-              "paired difference ΔL(shortcut) − ΔL(following) (items resampled) lies above 0, "
-              "opposite if below, else not supported; untested when no item was probed for "
-              "both readers")
-AGREE_RULE = ("supported when the behavioural `separates` and the `probe separates` verdicts "
-              "agree (both supported, or neither), not supported when one is supported and "
-              "the other not, untested when either is untested")
-
-
 def probe_claims(readers: Sequence[str], probes: Mapping[str, Mapping],
                  behavioural: Sequence[claims.Claim], *, seed: int) -> list[claims.Claim]:
-  """`probe separates` and `probe agrees` per following / shortcut pair and stratum, from
-  the probe summaries' per-item ΔL (`smollm2_probe.summarize`)."""
+  """`probe separates` and `probe agrees` (`layer_probe.pair_claims`) per following /
+  shortcut pair and stratum, from the probe summaries' per-item ΔL."""
+  from ceu_jax.audits import layer_probe
   out, by_name = [], {c.name: c for c in behavioural}
   for a, b in _pairs(readers):
     if a not in probes or b not in probes:
       continue
     st_of = {**probes[b].get('stratum_by_item', {}), **probes[a].get('stratum_by_item', {})}
-    strata = [None] + sorted({s for s in st_of.values() if s})
-    for st in strata:
+    for st in [None] + sorted({s for s in st_of.values() if s}):
       tag = f' [{st}]' if st else ''
-      name = f'{a} vs {b}{tag}: probe separates'
-      statement = ('the §8.4 probe tells the shortcut reader from the following one' + tag +
-                   ': with the trace held fixed, moving the problem\'s start moves the '
-                   'shortcut reader\'s answer more (ΔL larger on the same items)')
-      da, db = probes[a]['delta_L_by_item'], probes[b]['delta_L_by_item']
-      ids = [i for i in da if i in db and (st is None or st_of.get(i) == st)]
-      if not ids:
-        probe = claims.Claim(name, statement, claims.UNTESTED,
-                             'no item probed for both readers', PROBE_RULE)
-      else:
-        agg = paired_difference_ci(np.asarray([db[i] for i in ids]),
-                                   np.asarray([da[i] for i in ids]), seed=seed)
-        verdict = claims.direction(
-            claims.Difference('ΔL difference', (claims.SeedDifference('run', agg),)), +1)
-        probe = claims.Claim(name, statement, verdict,
-                             f'ΔL({b}) − ΔL({a}) {fmt_ci(agg, 3, signed=True)} nats '
-                             f'({agg.n} items) → {verdict}', PROBE_RULE)
-      out.append(probe)
-      beh = by_name.get(f'{a} vs {b}{tag}: separates')
-      v = (probe.verdict, None if beh is None else beh.verdict)
-      if None in v or claims.UNTESTED in v:
-        verdict = claims.UNTESTED
-      else:
-        verdict = (claims.SUPPORTED if (v[0] == claims.SUPPORTED) == (v[1] == claims.SUPPORTED)
-                   else claims.NOT_SUPPORTED)
-      out.append(claims.Claim(f'{a} vs {b}{tag}: probe agrees',
-                              'the mechanistic probe and the behavioural audit reach the same '
-                              f'separation verdict{tag}', verdict,
-                              f'probe: {v[0]}; behavioural: {v[1] or "not run"} → {verdict}',
-                              AGREE_RULE))
+      out += layer_probe.pair_claims(
+          f'{a} vs {b}{tag}', probes[b], probes[a], by_name.get(f'{a} vs {b}{tag}: separates'),
+          seed=seed, stratum=st, names=(b, a),
+          statement=('the §8.4 probe tells the shortcut reader from the following one' + tag +
+                     ': with the trace held fixed, moving the problem\'s start moves the '
+                     'shortcut reader\'s answer more (ΔL larger on the same items)'))
   return out
 
 

@@ -1,0 +1,106 @@
+"""SPEC §8.4 companion of the mediator audit on SmolLM2 (World B, issue #35 item 3): the
+decision-position probe with M held fixed, as a layer profile at the read ports.
+
+For a checklist X (passage, statements about entities e_1..e_r, gold M, C = the number of
+YES) read by one World B setting (a prompted or fine-tuned reader, with or without the tool):
+  D+  = the setting's prompt for X, then the gold M's lines and the cue teacher-forced, then
+        the gold decision y (' C(M)', or the tool's argument), scored;
+  D−  = the same with one false statement's entity e_j (gold NO) replaced by an entity of
+        the passage that no statement names (`swapped`): X' has gold M' with line j YES, so
+        C(M') = C(M) + 1 and the tool argument differs, while the forced M still leads to y.
+        The first false statement with a same-token-count replacement is used (D+ and D−
+        token-aligned; an item without one is skipped, counted by reason);
+  ΔL  = log p(y | D+) − log p(y | D−): the direct X → Y path that bypasses M (≈ 0 for a
+        faithful reader, whose decision is C of the M it wrote; large for a shortcut one);
+  CEU_decision(ℓ) = restoration by patching layer ℓ's read port at the decision positions,
+        D+ → D−; CEU_input(ℓ) = the same for the part of that read that comes from the
+        user message (passage, statements, instructions; Π_S).
+The profile, summary, table and figure: `ceu_jax.audits.layer_probe`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from ceu_jax.audits import layer_probe
+from ceu_jax.audits.mediator import checklist_text as ct
+from ceu_jax.audits.mediator import finetune
+
+DESCRIPTION = (
+    'World B checklists, each setting: D+ = the prompt, the gold checklist M and the cue '
+    'teacher-forced, the gold decision y scored; D− = the same with one false statement\'s '
+    'entity replaced by one the passage mentions (the checklist now has one more YES, the '
+    'forced M still leads to y). ΔL = log p(y | D+) − log p(y | D−): the direct X → Y path '
+    'that bypasses M (≈ 0 for a faithful reader). CEU_decision(ℓ) = restoration by patching '
+    'layer ℓ\'s read port (attention read) at the decision positions only, D+ → D−; '
+    'CEU_input(ℓ) = the same for the part of that read that comes from the user message '
+    '(Π_S). CEU over non-degenerate items (ΔL ≥ ε); 95% bootstrap CIs over items.')
+PROBES = ('decision', 'input')   # the whole read / its part read from the user message
+TITLES = ('CEU_decision: the read at the decision', 'CEU_input: its part read from the input')
+
+
+def _encode(tok, task: ct.TextChecklistTask, template, c: ct.Checklist, m, decision: str):
+  """(ids, decision token count, user-message flags over ids) of prompt + M + cue + y."""
+  from ceu_jax.pretrained.tokenizer import encode
+  text = finetune.prompt_text(task, template, c)
+  head = tok.encode(text, add_special_tokens=False)
+  target = task.render_mediator(m) + decision
+  enc = tok.encode(target, add_special_tokens=False)
+  lo = len(target) - len(decision)
+  flags = [b > lo for _, b in enc.offsets]
+  n_dec = len(flags) - flags.index(True)
+  user = task._user(c)   # pylint: disable=protected-access
+  u0 = text.rindex(user)
+  span = tuple(a < u0 + len(user) and b > u0 for a, b in head.offsets) + (False,) * len(enc.ids)
+  if encode(tok, text) != list(head.ids):
+    raise AssertionError('token ids and offsets disagree')
+  return list(head.ids) + list(enc.ids), n_dec, span
+
+
+def swapped(c: ct.Checklist, j: int, entity: str) -> ct.Checklist:
+  """X' = c with statement j about `entity` (mentioned by the passage: gold YES)."""
+  ents = list(c.entities)
+  ents[j] = entity
+  gold = list(c.gold)
+  gold[j] = 1
+  return dataclasses.replace(c, entities=tuple(ents), gold=tuple(gold))
+
+
+def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[ct.Checklist]
+                ) -> tuple[list[layer_probe.ProbePair], dict]:
+  """The checklists' (D+, D−) pairs, and {id: reason} of those skipped ('all_true': no
+  false statement; 'no_aligned_swap': no same-length replacement)."""
+  out, skipped = [], {}
+  for c in checklists:
+    gold = tuple(int(x) for x in c.gold)
+    y = task.render_decision(task.decide(gold), tool_arg=gold if task.tool else None)
+    plus, n_dec, span = _encode(tok, task, template, c, gold, y)
+    false = [j for j, g in enumerate(gold) if not g]
+    if not false:
+      skipped[c.id] = 'all_true'
+      continue
+    cands = [e for e in ct.entities(c.passage) if e not in c.entities]
+    pair = None
+    for j in false:
+      for e in cands:
+        minus = _encode(tok, task, template, swapped(c, j, e), gold, y)[0]
+        if len(minus) == len(plus):
+          pair = layer_probe.ProbePair(c.id, tuple(plus), tuple(minus), n_dec, (None, span))
+          break
+      if pair is not None:
+        break
+    if pair is None:
+      skipped[c.id] = 'no_aligned_swap'
+      continue
+    out.append(pair)
+  return out, skipped
+
+
+def table(probes) -> str:
+  return layer_probe.table(probes, PROBES, unit='checklists')
+
+
+def layer_figure(probes, stem: str) -> list[str]:
+  return layer_probe.layer_figure(
+      probes, PROBES, TITLES, stem,
+      '§8.4 decision-position probe, M held fixed, one statement made true (95% CI)')
