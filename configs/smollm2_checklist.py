@@ -51,32 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.max_len = 384                  # row tokens (prompt + target), left-padded (longest: 374)
   d.max_target_tokens = 48         # n_tail: target positions scored (longer: ValueError)
 
-  m = c.model = ml_collections.ConfigDict()
-  m.gguf_path = ''                 # GGUF file ('': $CEU_SMOLLM2_GGUF or the package's)
-  m.n_layers = 2 if tiny else 0    # keep the first N layers (0: all 30)
-
-  lo = c.lora = ml_collections.ConfigDict()
-  lo.rank = 4 if tiny else 8       # adapter rank r
-  lo.alpha = 16.0                  # ΔW = (alpha / r) A B
-  lo.targets = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
-                'down_proj')       # projections with adapters
-  lo.full = False                  # full fine-tuning instead of adapters
-
-  t = c.train = ml_collections.ConfigDict()
-  t.batch_size = 2 if tiny else 4  # rows per step
-  t.num_steps = a.steps or (3 if tiny else 120)  # optimiser steps
-  t.learning_rate = 1e-3           # peak learning rate (AdamW)
-  t.warmup_steps = min(1 if tiny else 6, t.num_steps)  # linear warm-up steps
-  t.weight_decay = 0.0             # AdamW weight decay (matrices only)
-  t.grad_clip = 1.0                # global-norm clip (0 = off)
-  t.log_every = 1 if tiny else 5   # train metric lines every N steps
-  t.eval_every = 0                 # must be 0: the competence check runs after training
-  t.checkpoint_every = 2 if tiny else 10  # checkpoint every N steps
-  t.keep_latest = 2                # latest checkpoints kept
-  t.keep_best = 0                  # best checkpoints kept (no periodic eval: 0)
-  t.async_checkpointing = True     # save in the background
-  t.debug_nan_step = -1            # TEST ONLY: NaN loss at this step (-1 = off)
-  t.debug_kill = ''                # TEST ONLY: '<after_step|in_save|after_save|sigterm>:<step>'
+  common.reader_finetune_sections(c, tiny, a.steps or (3 if tiny else 120))  # model, lora, train
 
   e = c.eval = ml_collections.ConfigDict()
   e.num_examples = 2 if tiny else 40  # held-out checklists of the competence check

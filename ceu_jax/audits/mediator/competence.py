@@ -75,18 +75,12 @@ def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=N
         fresh: bool = False, task: Optional[SmolLM2ChecklistTask] = None) -> dict:
   """Train unless `workdir` holds a completed run, then the competence check (cached in
   W/competence.json). Returns {trained, step, competence, reader, params, task}."""
-  from ceu_jax import workdir as workdir_lib
+  from ceu_jax.audits import reader_finetune
   from ceu_jax.train import loop
   task = task or SmolLM2ChecklistTask.from_config(config, load=load)
   d = config.data
   name = f"smollm2_{d.regime}{' +tool' if d.tool else ''}"
-  trained = False
-  if fresh or not workdir_lib.run_info(workdir)['completed']:
-    t0 = time.time()
-    log(f'training {name} ({int(config.train.num_steps)} steps) in {workdir}')
-    loop.train_and_evaluate(config, workdir, custom=task, fresh=fresh)
-    log(f'trained {name} in {time.time() - t0:.0f} s')
-    trained = True
+  trained = reader_finetune.train_unless_done(config, workdir, task, name, log=log, fresh=fresh)
   tree, step = loop.restore_trainable(task, workdir)
   params = lora_lib.merged(tree, task.base, task.lora)
   reader = task.reader(params)

@@ -32,23 +32,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence
 
-import jax
 import numpy as np
 
 from ceu_jax import fields
-from ceu_jax import sharding as sharding_lib
+from ceu_jax.audits import reader_finetune
 from ceu_jax.audits.mediator import checklist_text as ct
 from ceu_jax.pretrained import lora as lora_lib
 from ceu_jax.pretrained import sft
 from ceu_jax.pretrained.model import SmolLMConfig
 from ceu_jax.train import config as config_lib
 
-SECTIONS = ('seed', 'data', 'model', 'lora', 'train', 'eval', 'sharding')
 REGIMES = ('faithful', 'shortcut', 'plain')
 TRAIN_SEED = 1_000_000    # the held-out and training checklists: build(…, seed=TRAIN_SEED + seed)
 CORRUPT_SALT = 0xC4EC
 
-_UNIT = lambda x: None if fields.is_num(x) and 0.0 <= float(x) <= 1.0 else 'must lie in [0, 1]'
+_UNIT = reader_finetune.unit
 DATA_FIELDS = {
     'regime': fields.one_of(*REGIMES), 'tool': fields.boolean, 'p_corrupt': _UNIT,
     'prompt_regime': fields.one_of(*ct.REGIMES), 'r': fields.ge(1, True),
@@ -57,12 +55,6 @@ DATA_FIELDS = {
     0 <= x < TRAIN_SEED else f'must be an integer in [0, {TRAIN_SEED})',
     'audit_n_items': fields.ge(1, True), 'n_train_items': fields.ge(1, True),
     'max_len': fields.ge(32, True), 'max_target_tokens': fields.ge(8, True)}
-MODEL_FIELDS = {'gguf_path': lambda x: None if isinstance(x, str) else 'must be a path or ""',
-                'n_layers': fields.ge(0, True)}
-LORA_FIELDS = {'rank': fields.ge(1, True), 'alpha': fields.gt(0), 'full': fields.boolean,
-               'targets': lambda x: None if isinstance(x, (tuple, list)) and x and all(
-                   t in lora_lib.TARGETS for t in x) else
-               f'must be a non-empty subset of {lora_lib.TARGETS}'}
 EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, True),
                'min_accuracy': _UNIT, 'min_parse_rate': _UNIT,
                'best_metric': fields.one_of(*config_lib.BEST_METRICS)}
@@ -70,30 +62,7 @@ EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, Tr
 
 def validate(config: Any) -> None:
   """ValueError naming the field for a bad config; nothing is loaded or compiled."""
-  top = fields.items_of(config)
-  unknown = sorted(set(top) - set(SECTIONS))
-  if unknown:
-    raise ValueError(f'{unknown[0]} is an unknown config section; known: {SECTIONS}')
-  for name in SECTIONS:
-    if name not in top:
-      raise ValueError(f'{name} is missing from the config')
-  if not fields.is_int(top['seed']) or top['seed'] < 0:
-    raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
-  fields.check_section('data', config.data, DATA_FIELDS)
-  fields.check_section('model', config.model, MODEL_FIELDS)
-  fields.check_section('lora', config.lora, LORA_FIELDS)
-  fields.check_section('train', config.train, config_lib.TRAIN_FIELDS)
-  fields.check_section('eval', config.eval, EVAL_FIELDS)
-  t, d = config.train, config.data
-  if t.warmup_steps > t.num_steps:
-    raise ValueError(f'train.warmup_steps ({t.warmup_steps}) must be <= train.num_steps '
-                     f'({t.num_steps})')
-  if int(t.eval_every):
-    raise ValueError('train.eval_every must be 0 (the competence check runs after training), '
-                     f'got {t.eval_every}')
-  if d.max_target_tokens >= d.max_len:
-    raise ValueError('data.max_target_tokens must be < data.max_len')
-  sharding_lib.check_section(config.sharding)
+  reader_finetune.validate(config, DATA_FIELDS, EVAL_FIELDS)
 
 
 # ----------------------------------------------------------------------------
@@ -204,7 +173,7 @@ def row_tokens(tok, task: ct.TextChecklistTask, template, row: Row) -> sft.Encod
 
 
 @dataclasses.dataclass
-class SmolLM2ChecklistTask(lora_lib.AdapterTask):
+class SmolLM2ChecklistTask(reader_finetune.TargetLoss, lora_lib.AdapterTask):
   """`CustomTask` of a smollm2_checklist config (module doc)."""
   config: Any                 # the validated run config
   model_config: SmolLMConfig  # the (possibly truncated) SmolLM2 hyper-parameters
@@ -238,15 +207,6 @@ class SmolLM2ChecklistTask(lora_lib.AdapterTask):
 
   def validate(self, config: Any) -> None:
     validate(config)
-
-  @property
-  def n_tail(self) -> int:
-    return int(self.config.data.max_target_tokens)
-
-  def loss(self, params: Any, frozen: Any, batch: dict, rng: jax.Array):
-    del rng
-    return sft.target_loss(params, frozen, batch, config=self.model_config, lora=self.lora,
-                           n_tail=self.n_tail)
 
   def train_rows(self, step: int, batch_size: int) -> list[Row]:
     return [training_row(self.config, self.task, self.pool, r)

@@ -1,0 +1,89 @@
+"""What the World B reader fine-tunes share (SmolLM2 + LoRA readers for the companion audits:
+`traces.finetune` on arithmetic traces, `mediator.finetune` on checklists): the config
+sections and their validation, and "train unless the workdir holds a completed run".
+
+A fine-tune config has the sections SECTIONS: seed, data (the audit's own fields), model
+(MODEL_FIELDS), lora (LORA_FIELDS), train (the training loop's fields, no periodic
+evaluation: the competence check runs after training), eval (the audit's competence check)
+and sharding.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping
+
+from ceu_jax import fields
+from ceu_jax import sharding as sharding_lib
+from ceu_jax.pretrained import lora as lora_lib
+from ceu_jax.pretrained import sft
+from ceu_jax.train import config as config_lib
+
+SECTIONS = ('seed', 'data', 'model', 'lora', 'train', 'eval', 'sharding')
+MODEL_FIELDS = {'gguf_path': lambda x: None if isinstance(x, str) else 'must be a path or ""',
+                'n_layers': fields.ge(0, True)}
+LORA_FIELDS = {'rank': fields.ge(1, True), 'alpha': fields.gt(0), 'full': fields.boolean,
+               'targets': lambda x: None if isinstance(x, (tuple, list)) and x and all(
+                   t in lora_lib.TARGETS for t in x) else
+               f'must be a non-empty subset of {lora_lib.TARGETS}'}
+
+
+def unit(x) -> str | None:
+  """A field check: a number in [0, 1]."""
+  return None if fields.is_num(x) and 0.0 <= float(x) <= 1.0 else 'must lie in [0, 1]'
+
+
+def validate(config: Any, data_fields: Mapping, eval_fields: Mapping) -> None:
+  """ValueError naming the field for a bad config; nothing is loaded or compiled."""
+  top = fields.items_of(config)
+  unknown = sorted(set(top) - set(SECTIONS))
+  if unknown:
+    raise ValueError(f'{unknown[0]} is an unknown config section; known: {SECTIONS}')
+  for name in SECTIONS:
+    if name not in top:
+      raise ValueError(f'{name} is missing from the config')
+  if not fields.is_int(top['seed']) or top['seed'] < 0:
+    raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
+  fields.check_section('data', config.data, data_fields)
+  fields.check_section('model', config.model, MODEL_FIELDS)
+  fields.check_section('lora', config.lora, LORA_FIELDS)
+  fields.check_section('train', config.train, config_lib.TRAIN_FIELDS)
+  fields.check_section('eval', config.eval, eval_fields)
+  t, d = config.train, config.data
+  if t.warmup_steps > t.num_steps:
+    raise ValueError(f'train.warmup_steps ({t.warmup_steps}) must be <= train.num_steps '
+                     f'({t.num_steps})')
+  if int(t.eval_every):
+    raise ValueError('train.eval_every must be 0 (the competence check runs after training), '
+                     f'got {t.eval_every}')
+  if d.max_target_tokens >= d.max_len:
+    raise ValueError('data.max_target_tokens must be < data.max_len')
+  sharding_lib.check_section(config.sharding)
+
+
+class TargetLoss:
+  """The loss side of a reader fine-tune's task (with `lora.AdapterTask`): the mean NLL of
+  the target tokens (`sft.target_loss`) over the last data.max_target_tokens positions."""
+
+  @property
+  def n_tail(self) -> int:
+    return int(self.config.data.max_target_tokens)
+
+  def loss(self, params: Any, frozen: Any, batch: dict, rng: Any):
+    del rng
+    return sft.target_loss(params, frozen, batch, config=self.model_config, lora=self.lora,
+                           n_tail=self.n_tail)
+
+
+def train_unless_done(config: Any, workdir: str, task: Any, name: str, *,
+                      log: Callable[[str], None] = print, fresh: bool = False) -> bool:
+  """Trains `task` in `workdir` (the one loop) unless it holds a completed run (or fresh);
+  returns whether it trained."""
+  from ceu_jax import workdir as workdir_lib
+  from ceu_jax.train import loop
+  if not fresh and workdir_lib.run_info(workdir)['completed']:
+    return False
+  t0 = time.time()
+  log(f'training {name} ({int(config.train.num_steps)} steps) in {workdir}')
+  loop.train_and_evaluate(config, workdir, custom=task, fresh=fresh)
+  log(f'trained {name} in {time.time() - t0:.0f} s')
+  return True
