@@ -14,7 +14,7 @@ predicate ("must be ..."), which names the allowed values or range.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 Check = Callable[[Any], "str | None"]
 
@@ -60,6 +60,21 @@ def items_of(section: Any) -> dict:
   if hasattr(section, "to_dict"):
     return section.to_dict()
   return dict(section)
+
+
+def check_top(config: Any, sections: Sequence[str], ignored: Sequence[str] = ()) -> dict:
+  """A run config's top level: every section of `sections` present, no other (but
+  `ignored`), and an integer seed >= 0 (ValueError naming the field). Returns its items."""
+  top = items_of(config)
+  unknown = sorted(set(top) - set(sections) - set(ignored))
+  if unknown:
+    raise ValueError(f"{unknown[0]} is an unknown config section; known: {tuple(sections)}")
+  for name in sections:
+    if name not in top:
+      raise ValueError(f"{name} is missing from the config")
+  if not is_int(top["seed"]) or top["seed"] < 0:
+    raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
+  return top
 
 
 def check_section(name: str, section: Any, checks: Mapping[str, Check], *,

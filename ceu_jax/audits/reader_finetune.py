@@ -34,15 +34,7 @@ def unit(x) -> str | None:
 
 def validate(config: Any, data_fields: Mapping, eval_fields: Mapping) -> None:
   """ValueError naming the field for a bad config; nothing is loaded or compiled."""
-  top = fields.items_of(config)
-  unknown = sorted(set(top) - set(SECTIONS))
-  if unknown:
-    raise ValueError(f'{unknown[0]} is an unknown config section; known: {SECTIONS}')
-  for name in SECTIONS:
-    if name not in top:
-      raise ValueError(f'{name} is missing from the config')
-  if not fields.is_int(top['seed']) or top['seed'] < 0:
-    raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
+  fields.check_top(config, SECTIONS)
   fields.check_section('data', config.data, data_fields)
   fields.check_section('model', config.model, MODEL_FIELDS)
   fields.check_section('lora', config.lora, LORA_FIELDS)

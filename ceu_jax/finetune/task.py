@@ -94,15 +94,7 @@ def model_layers(config: Any) -> int:
 
 def validate(config: Any) -> None:
   """ValueError naming the field for a bad config; nothing is loaded or compiled."""
-  top = fields.items_of(config)
-  unknown = sorted(set(top) - set(SECTIONS))
-  if unknown:
-    raise ValueError(f'{unknown[0]} is an unknown config section; known: {SECTIONS}')
-  for name in SECTIONS:
-    if name not in top:
-      raise ValueError(f'{name} is missing from the config')
-  if not fields.is_int(top['seed']) or top['seed'] < 0:
-    raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
+  fields.check_top(config, SECTIONS)
   data = dict(fields.items_of(config.data))
   data.setdefault('answer_end', '')   # a config recorded before the field trained no end
   if 'world' in data:   # the memorisable-prior world (optional section)

@@ -57,15 +57,7 @@ items_of = fields.items_of
 
 def validate(config: Any, num_devices: int | None = None) -> None:
   """Raise ValueError (message starts with the field name) for a bad config."""
-  top = items_of(config)
-  unknown = sorted(set(top) - set(SECTIONS) - set(IGNORED_SECTIONS))
-  if unknown:
-    raise ValueError(f"{unknown[0]} is an unknown config section; known: {SECTIONS}")
-  for name in SECTIONS:
-    if name not in top:
-      raise ValueError(f"{name} is missing from the config")
-  if not fields.is_int(top["seed"]) or top["seed"] < 0:
-    raise ValueError(f"seed must be an integer >= 0, got {top['seed']!r}")
+  fields.check_top(config, SECTIONS, IGNORED_SECTIONS)
   audit_config.check_data(config.data)
   audit_config.check_model(config.model)
   fields.check_section("train", config.train, TRAIN_FIELDS)
