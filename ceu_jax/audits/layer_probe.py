@@ -209,6 +209,10 @@ def layer_figure(probes: Mapping[str, dict], names: Sequence[str], titles: Seque
     ax.set_title(sub, fontsize=9)
     ax.set_xlabel('layer (read port layers_ℓ/attn:read)')
     ax.grid(alpha=0.3)
+  flat = [r for r, p in probes.items() if p.get('n') and p['n_degenerate'] == p['n']]
+  if flat:   # no line to draw: say so rather than leave the reader out silently
+    title += ('\nno line for ' + ', '.join(flat) + ': every item degenerate (ΔL < ε, the '
+              'answer does not move)')
   axes[0].set_ylabel('CEU (non-degenerate items)')
   axes[0].set_ylim(-0.05, 1.05)
   handles, labels = axes[0].get_legend_handles_labels()
@@ -237,8 +241,8 @@ def pair_claims(label: str, shortcut: Mapping, faithful: Mapping, behavioural, *
   (None: not run)."""
   st_of = {**shortcut.get('stratum_by_item', {}), **faithful.get('stratum_by_item', {})}
   da, db = faithful['delta_L_by_item'], shortcut['delta_L_by_item']
-  ids = [i for i in da if i in db and (stratum is None or st_of.get(i) == stratum)]
-  name = f'{label}: probe separates'
+  ids = sorted(i for i in da if i in db and (stratum is None or st_of.get(i) == stratum))
+  name = f'{label}: probe separates'   # (sorted: a summary read back from JSON decides alike)
   if not ids:
     probe = claims.Claim(name, statement, claims.UNTESTED, 'no item probed for both readers',
                          PROBE_RULE)

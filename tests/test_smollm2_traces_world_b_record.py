@@ -1,0 +1,56 @@
+"""The recorded World B trace audit of issue #35 (docs/runs/issue35_traces_world_b.tar.gz):
+its verdicts are re-decided here from the recorded rows, probe numbers and competence checks
+by the job's own rules, so the README's sentence cannot drift from the files."""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+
+import pytest
+
+from ceu_jax.audits.traces import verdicts
+
+ARCHIVE = os.path.join(os.path.dirname(__file__), '..', 'docs', 'runs',
+                       'issue35_traces_world_b.tar.gz')
+PAIR = 'smollm2_following vs smollm2_shortcut'
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  d = tmp_path_factory.mktemp('rec')
+  with tarfile.open(ARCHIVE) as t:
+    t.extractall(d, filter='data')
+  return os.path.join(d, 'traces_smollm2_ft')
+
+
+def test_recorded_verdicts_follow_from_the_recorded_numbers(run):
+  s = json.load(open(os.path.join(run, 'summary.json')))
+  found = verdicts.claims_of_workdir(run)   # behavioural claims from rows.csv
+  found += verdicts.probe_claims(list(s['readers']), s['probes'], found,
+                                 seed=int(s['config']['bootstrap_seed']))
+  judged = {c.name: c for c in verdicts.unless_competent(found, s['competence'])}
+  recorded = {c['name']: c for c in s['claims']}
+  assert set(judged) == set(recorded)
+  for name, c in judged.items():
+    assert (c.verdict, c.numbers) == (recorded[name]['verdict'], recorded[name]['numbers']), name
+  v = {k: c.verdict for k, c in judged.items()}
+  assert v[f'{PAIR} [memorised]: separates'] == 'supported'
+  assert v[f'{PAIR} [memorised]: probe separates'] == 'supported'
+  assert v[f'{PAIR} [memorised]: probe agrees'] == 'supported'
+  assert v['smollm2_shortcut: follows [memorised]'] == 'opposite'
+  for tag in ('', ' [fresh]'):   # the shortcut reader is not competent on held-out problems
+    assert v[f'{PAIR}{tag}: separates'] == 'untested'
+  assert '+0.477 [+0.376, +0.559]' in judged[f'{PAIR} [memorised]: separates'].numbers
+  assert '+0.406 [+0.076, +0.876]' in judged[f'{PAIR} [memorised]: probe separates'].numbers
+
+
+def test_recorded_probe_and_competence(run):
+  s = json.load(open(os.path.join(run, 'summary.json')))
+  f, sc = s['probes']['smollm2_following'], s['probes']['smollm2_shortcut']
+  assert f['n'] == 32 and f['n_degenerate'] == 32       # the answer never moves
+  assert sc['by_stratum']['memorised']['n_degenerate'] == 1
+  c = s['competence']
+  assert c['smollm2_following']['competent'] and not c['smollm2_shortcut']['competent']
+  assert c['smollm2_shortcut']['memorised']['accuracy'] == 1.0
+  assert c['smollm2_shortcut']['memorised']['corrupted']['gold'] == pytest.approx(0.6)
