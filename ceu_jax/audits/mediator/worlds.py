@@ -152,6 +152,7 @@ class SmolLM2World(_World):
     self._model = None
     self._tasks: dict = {}
     self._runs: dict = {}
+    self._base = None   # (params, model config, tokenizer, template) of the prompted model
     if self.finetuned:
       from ceu_jax.audits.mediator import finetune
       for r in self.finetuned:
@@ -226,14 +227,16 @@ class SmolLM2World(_World):
     if name.startswith(FINETUNED + '/'):
       run = self._run(name, tool)
       return run['params'], run['task'].model_config, run['task'].tokenizer, run['task'].template
-    from ceu_jax.pretrained import load_smollm2, load_tokenizer
-    from ceu_jax.readers.chat import ChatTemplate, gguf_chat_template
-    b = self.config.smollm2
-    path = str(b.gguf_path) or None
-    mc, variables = load_smollm2(path, n_layers=int(b.n_layers) or None)
-    text = gguf_chat_template(path)
-    return (variables['params'], mc, load_tokenizer(path),
-            None if text is None else ChatTemplate.from_template(text))
+    if self._base is None:   # the prompted model, loaded once for every prompted setting
+      from ceu_jax.pretrained import load_smollm2, load_tokenizer
+      from ceu_jax.readers.chat import ChatTemplate, gguf_chat_template
+      b = self.config.smollm2
+      path = str(b.gguf_path) or None
+      mc, variables = load_smollm2(path, n_layers=int(b.n_layers) or None)
+      text = gguf_chat_template(path)
+      self._base = (variables['params'], mc, load_tokenizer(path),
+                    None if text is None else ChatTemplate.from_template(text))
+    return self._base
 
   def competence(self) -> dict:
     """{setting: competence check} of every fine-tuned setting ({} without any)."""
