@@ -14,6 +14,8 @@ from scipy import stats
 
 from ceu_jax.data import atr_lines
 
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: 11 -> 2 CPU-s
+
 KEYS, LINES = 4096, 72
 P_MIN = 1e-4
 

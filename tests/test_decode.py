@@ -19,7 +19,8 @@ import pytest
 from ceu_jax.pretrained import gguf_loader
 
 _WHY = gguf_loader.is_available()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+pytestmark = [pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}'),
+              pytest.mark.usefixtures('fast_compiled_module')]  # compile-bound: 80 -> 46 CPU-s
 
 HEADER = ('You answer questions about places, people and dates with a short phrase. '
           'Read the question, think about what you know, and reply in a few words only. '

@@ -17,6 +17,8 @@ import pytest
 from ceu_jax import engine
 from ceu_jax.pretrained import audit_nq, gguf_loader, probe_spans
 
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: 11 -> 7 CPU-s
+
 _WHY = gguf_loader.is_available()
 needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
 

@@ -14,6 +14,8 @@ from ceu_jax.audits.traces import smollm2_probe as sp
 from ceu_jax.audits.traces import verdicts
 from ceu_jax.pretrained import gguf_loader
 
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound: 27 -> 11 CPU-s
+
 _WHY = gguf_loader.is_available()
 needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
 
