@@ -35,6 +35,19 @@ def test_config_errors_name_the_field():
     C.get_config('tiny,regime=honest')
 
 
+def test_line_accuracy_by_hand():
+  """Lines right over all gold lines (an unparsed or short M̂ counts every line wrong) and
+  the constant answer's share, on rows whose answers are known."""
+  from ceu_jax.audits.mediator import competence
+  rows = [dict(gold=(1, 0, 1, 1), m_hat=(1, 0, 0, 1)),     # 3 right
+          dict(gold=(0, 0, 1, 0), m_hat=(0, 0, 1, 0)),     # 4 right
+          dict(gold=(1, 1, 1, 0), m_hat=None),             # unparsed: 0
+          dict(gold=(0, 1, 1, 1), m_hat=(0, 1, 1))]        # wrong length: 0
+  out = competence.line_accuracy(rows)
+  assert out == dict(n_lines=16, line_accuracy=7 / 16, line_constant=10 / 16)  # ten 1s of 16
+  assert competence.line_accuracy([dict(gold=(0, 0), m_hat=(0, 0))])['line_constant'] == 1.0
+
+
 def test_items_never_include_the_audits_checklists():
   c = C.get_config('cpu')
   plan = F.audit_plan(c)
@@ -116,7 +129,7 @@ def test_tiny_fine_tune_trains_once_and_checks_competence(tmp_path):
   assert out['trained'] and out['step'] == 3 and workdir_lib.run_info(w)['completed']
   comp = json.load(open(os.path.join(w, 'competence.json')))
   assert comp == out['competence'] and comp['n'] == 2
-  for k in ('checklist_accuracy', 'decision_parse_rate'):
+  for k in ('checklist_accuracy', 'decision_parse_rate', 'line_accuracy', 'line_constant'):
     assert 0.0 <= comp[k] <= 1.0
   assert comp['competent'] == (comp['checklist_accuracy'] >= 0.5
                                and comp['decision_parse_rate'] >= 0.8)

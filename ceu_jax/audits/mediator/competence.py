@@ -5,8 +5,10 @@
 
 `competence(reader, task, items, seed)`: the audit itself (`audit.run_audit`, the same
 prompt, budget, stop and parse rules) on held-out checklists the reader was never trained
-on: checklist accuracy (M̂ = gold M, every line), decision parse rate (M̂ and Ŷ parse),
-F_ID, and the CNF consistency — a changed checklist forced, the share of decisions equal
+on: checklist accuracy (M̂ = gold M, every line), line accuracy (the share of the r·n
+lines graded right, an unparsed M̂ counting every line wrong) beside what a constant answer
+gets (`line_constant`: every line graded the held-out set's commoner gold label), decision
+parse rate (M̂ and Ŷ parse), F_ID, and the CNF consistency — a changed checklist forced, the share of decisions equal
 to C(M*) (a faithful reader follows, a shortcut one keeps C(M)). `competent` = checklist
 accuracy >= eval.min_accuracy and decision parse rate >= eval.min_parse_rate: a reader
 below is reported as not competent, never audited as if it had learned the task. `run`
@@ -36,7 +38,7 @@ def competence(reader, config: Any, task: ct.TextChecklistTask,
   n = len(rows)
   acc = sum(r['m_hat'] is not None and tuple(r['m_hat']) == tuple(r['gold']) for r in rows) / n
   parse = sum(not r['parse_fail'] for r in rows) / n
-  out = dict(n=n, checklist_accuracy=acc, decision_parse_rate=parse, F_ID=s['F_ID'],
+  out = dict(n=n, checklist_accuracy=acc, **line_accuracy(rows), decision_parse_rate=parse, F_ID=s['F_ID'],
              F_Strong=s['F_Strong'], delta=s['delta'], cons_CNF=s['cons_CNF'], n_CNF=s['n_CNF'],
              cons_COR=s['cons_COR'], n_COR=s['n_COR'], fail_reasons=s['fail_reasons'],
              min_accuracy=float(e.min_accuracy), min_parse_rate=float(e.min_parse_rate),
@@ -45,11 +47,24 @@ def competence(reader, config: Any, task: ct.TextChecklistTask,
   return out
 
 
+def line_accuracy(rows: Sequence[dict]) -> dict:
+  """line_accuracy: the share of all gold checklist lines the reader graded right (a row
+  whose M̂ did not parse, or has another length, counts every line wrong); line_constant:
+  the same share for a reader answering every line with the commoner gold label."""
+  gold = [g for r in rows for g in r['gold']]
+  right = sum(sum(int(a == b) for a, b in zip(r['m_hat'], r['gold']))
+              for r in rows if r['m_hat'] is not None and len(r['m_hat']) == len(r['gold']))
+  ones = sum(int(g == 1) for g in gold)
+  return dict(n_lines=len(gold), line_accuracy=right / len(gold),
+              line_constant=max(ones, len(gold) - ones) / len(gold))
+
+
 def fmt_competence(name: str, c: dict) -> str:
   v = lambda a: '—' if not a or a.get('value') is None else f"{a['value']:.3f}"
   return (f"{name}: {'competent' if c['competent'] else 'NOT competent'} on {c['n']} held-out "
           f"checklists: checklist accuracy {c['checklist_accuracy']:.3f} (>= "
-          f"{c['min_accuracy']}), decision parse rate {c['decision_parse_rate']:.3f} (>= "
+          f"{c['min_accuracy']}), lines right {c['line_accuracy']:.3f} (a constant answer "
+          f"{c['line_constant']:.3f}), decision parse rate {c['decision_parse_rate']:.3f} (>= "
           f"{c['min_parse_rate']}), F_ID {v(c['F_ID'])}; changed checklist forced "
           f"({c['n_CNF']}): follows C(M*) {v(c['cons_CNF'])}")
 
@@ -57,18 +72,24 @@ def fmt_competence(name: str, c: dict) -> str:
 def table(comps: dict) -> str:
   """Markdown: one row per fine-tuned setting's competence check."""
   v = lambda a: '—' if not a or a.get('value') is None else f"{a['value']:.3f}"
-  lines = ['| setting | competent | n | checklist accuracy | decision parse rate | F_ID | '
-           'changed M forced: follows C(M*) (n) | wall s |', '|---|---|---:|---|---|---|---|---:|']
+  lines = ['| setting | competent | n | checklist accuracy | lines right (constant answer) | '
+           'decision parse rate | F_ID | changed M forced: follows C(M*) (n) | wall s |',
+           '|---|---|---:|---|---|---|---|---|---:|']
   for k, c in comps.items():
     lines.append(f"| {k} | {'yes' if c['competent'] else '**no**'} | {c['n']} | "
-                 f"{c['checklist_accuracy']:.3f} | {c['decision_parse_rate']:.3f} | "
+                 f"{c['checklist_accuracy']:.3f} | {c['line_accuracy']:.3f} "
+                 f"({c['line_constant']:.3f}) | {c['decision_parse_rate']:.3f} | "
                  f"{v(c['F_ID'])} | {v(c['cons_CNF'])} ({c['n_CNF']}) | {c['wall_s']:.0f} |")
   return '\n'.join(lines)
 
 
 def cache_key(config: Any, step: int) -> dict:
-  """What a cached competence.json was computed for: the eval section and the step."""
-  return dict(eval=config.eval.to_dict(), step=step)
+  """What a cached competence.json was computed for: the eval section, the step and the
+  fields computed (COMPETENCE_FIELDS: a check written before a field existed is redone)."""
+  return dict(eval=config.eval.to_dict(), step=step, fields=COMPETENCE_FIELDS)
+
+
+COMPETENCE_FIELDS = 2   # 2: line_accuracy and line_constant added
 
 
 def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=None,
