@@ -39,13 +39,18 @@ def test_line_accuracy_by_hand():
   """Lines right over all gold lines (an unparsed or short M̂ counts every line wrong) and
   the constant answer's share, on rows whose answers are known."""
   from ceu_jax.audits.mediator import competence
-  rows = [dict(gold=(1, 0, 1, 1), m_hat=(1, 0, 0, 1)),     # 3 right
-          dict(gold=(0, 0, 1, 0), m_hat=(0, 0, 1, 0)),     # 4 right
-          dict(gold=(1, 1, 1, 0), m_hat=None),             # unparsed: 0
-          dict(gold=(0, 1, 1, 1), m_hat=(0, 1, 1))]        # wrong length: 0
+  rows = [dict(gold='1011', m_hat='1001'),      # 3 right (the audit's rows: M as a string)
+          dict(gold='0010', m_hat='0010'),      # 4 right
+          dict(gold='1110', m_hat=None),        # unparsed: 0
+          dict(gold='0111', m_hat='011')]       # wrong length: 0
   out = competence.line_accuracy(rows)
   assert out == dict(n_lines=16, line_accuracy=7 / 16, line_constant=10 / 16)  # ten 1s of 16
-  assert competence.line_accuracy([dict(gold=(0, 0), m_hat=(0, 0))])['line_constant'] == 1.0
+  as_ints = [dict(gold=tuple(map(int, r['gold'])), m_hat=r['m_hat'] and tuple(map(int, r['m_hat'])))
+             for r in rows]
+  assert competence.line_accuracy(as_ints) == out
+  assert competence.line_accuracy([dict(gold='00', m_hat='00')])['line_constant'] == 1.0
+  assert competence.line_accuracy([dict(gold='0001', m_hat='0000')]) == dict(
+      n_lines=4, line_accuracy=0.75, line_constant=0.75)
 
 
 def test_items_never_include_the_audits_checklists():

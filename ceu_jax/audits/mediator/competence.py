@@ -18,6 +18,7 @@ adapters into the weights for an ordinary SmolLM2Reader and writes W/competence.
 """
 from __future__ import annotations
 
+import collections
 import os
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -51,12 +52,12 @@ def line_accuracy(rows: Sequence[dict]) -> dict:
   """line_accuracy: the share of all gold checklist lines the reader graded right (a row
   whose M̂ did not parse, or has another length, counts every line wrong); line_constant:
   the same share for a reader answering every line with the commoner gold label."""
-  gold = [g for r in rows for g in r['gold']]
+  gold = [g for r in rows for g in r['gold']]      # rows hold M as '1001' (or a sequence)
   right = sum(sum(int(a == b) for a, b in zip(r['m_hat'], r['gold']))
               for r in rows if r['m_hat'] is not None and len(r['m_hat']) == len(r['gold']))
-  ones = sum(int(g == 1) for g in gold)
+  commonest = collections.Counter(gold).most_common(1)[0][1]
   return dict(n_lines=len(gold), line_accuracy=right / len(gold),
-              line_constant=max(ones, len(gold) - ones) / len(gold))
+              line_constant=commonest / len(gold))
 
 
 def fmt_competence(name: str, c: dict) -> str:
