@@ -90,3 +90,23 @@ def test_gap_claims_need_a_reader_that_follows_its_own_mediator():
     got = {c.name: c.verdict for c in verdicts.setting_claims('s', s, [], seed=0, min_cell=1)}
     assert got['s: gap'] == want
     assert got['s: tool closes the gap'] == ('untested' if want == 'untested' else 'supported')
+
+
+def test_claims_of_a_reader_that_is_not_competent_are_untested_naming_what_failed():
+  from ceu_jax import claims
+  ok = dict(competent=True, checklist_accuracy=0.9, min_accuracy=0.5, decision_parse_rate=1.0,
+            min_parse_rate=0.8, line_accuracy=0.97, line_constant=0.5)
+  weak = dict(ok, competent=False, checklist_accuracy=0.125, line_accuracy=0.49)
+  both = dict(weak, decision_parse_rate=0.25)
+  comp = {'a': ok, 'b': weak, 'c': both}
+  found = [claims.Claim(f'{s}: gap', 'x', claims.SUPPORTED, 'Δ +0.1') for s in 'abc']
+  found.append(claims.Claim('b vs a: separates', 'y', claims.NOT_SUPPORTED, 'diff +0.0'))
+  out = {c.name: c for c in verdicts.unless_competent(found, comp, [('b vs a', 'b', 'a')])}
+  assert out['a: gap'] == found[0]                        # competent: unchanged
+  assert out['b: gap'].verdict == claims.UNTESTED
+  assert out['b: gap'].numbers == ('b not competent (checklist accuracy 0.125 < 0.5; lines '
+                                   'right 0.490, a constant answer 0.500); its rows: Δ +0.1')
+  assert 'decision parse rate 0.250 < 0.8' in out['c: gap'].numbers
+  assert 'parse rate' not in out['b: gap'].numbers       # only what failed is named
+  assert out['b vs a: separates'].verdict == claims.UNTESTED
+  assert out['b vs a: separates'].numbers.startswith('b not competent')

@@ -175,6 +175,16 @@ def claims_of_workdir(workdir: str) -> list[claims.Claim]:
                     seed=int(c['bootstrap_seed']), min_cell=int(c['min_cell']))
 
 
+def why_not_competent(k: Mapping) -> str:
+  """The competence thresholds a check failed, with its numbers (only those it failed)."""
+  why = [f"{name} {k[key]:.3f} < {k[least]}" for name, key, least in (
+      ('checklist accuracy', 'checklist_accuracy', 'min_accuracy'),
+      ('decision parse rate', 'decision_parse_rate', 'min_parse_rate')) if k[key] < k[least]]
+  if 'line_accuracy' in k:
+    why.append(f"lines right {k['line_accuracy']:.3f}, a constant answer {k['line_constant']:.3f}")
+  return '; '.join(why)
+
+
 def unless_competent(found: Sequence[claims.Claim], competence: Mapping[str, Mapping],
                      pairs: Sequence[tuple[str, str, str]]) -> list[claims.Claim]:
   """The claims with those naming a setting whose competence check failed made untested
@@ -188,11 +198,8 @@ def unless_competent(found: Sequence[claims.Claim], competence: Mapping[str, Map
     named = by_label.get(head, (head,))
     bad = next((s for s in named if s in competence and not competence[s]['competent']), None)
     if bad is not None:
-      k = competence[bad]
       c = claims.Claim(c.name, c.statement, claims.UNTESTED,
-                       f"{bad} not competent (checklist accuracy {k['checklist_accuracy']:.3f} "
-                       f"< {k['min_accuracy']} or decision parse rate "
-                       f"{k['decision_parse_rate']:.3f} < {k['min_parse_rate']}); its rows: "
+                       f"{bad} not competent ({why_not_competent(competence[bad])}); its rows: "
                        f"{c.numbers}", c.rule)
     out.append(c)
   return out
