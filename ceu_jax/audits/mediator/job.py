@@ -80,25 +80,13 @@ class MediatorJob(jobs.Job):
       for name, tool in self.settings:
         summary['settings'][worlds.setting(name, tool)]['probe'] = self.world.probe(name, tool)
     rows = {worlds.setting(*s): rs for s, rs in self._rows(results).items()}
-    pairs = verdicts.contrasts(self.world.readers, c.tools)
-    found = verdicts.run_claims(summary['settings'], rows, pairs,
-                                seed=c.bootstrap_seed, min_cell=c.min_cell)
     probes = self.world.probes() if hasattr(self.world, 'probes') else {}
-    if probes:   # World B: the §8.4 decision-position probe per setting, and its claims
-      from ceu_jax.audits import layer_probe
+    if probes:   # World B: the §8.4 decision-position probe per setting
       summary['probes'] = probes
-      by_name = {x.name: x for x in found}
-      for label, short, faith in pairs:
-        if short in probes and faith in probes:
-          found += layer_probe.pair_claims(
-              label, probes[short], probes[faith], by_name.get(f'{label}: separates'),
-              seed=c.bootstrap_seed, statement='the §8.4 probe tells the shortcut reader from '
-              'the faithful one: with M held fixed, making a statement true moves the shortcut '
-              'reader\'s decision more (ΔL larger on the same checklists)')
     competence = self.world.competence() if hasattr(self.world, 'competence') else {}
     if competence:   # World B's fine-tuned readers: the competence check before the audit
       summary['competence'] = competence
-      found = verdicts.unless_competent(found, competence, pairs)
+    found = decide(c, summary['settings'], rows, self.world.readers, probes, competence)
     summary['claims'] = [dataclasses.asdict(x) for x in found]
     return summary
 
@@ -109,6 +97,29 @@ class MediatorJob(jobs.Job):
 def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> dict:
   """Run (or resume) the audit; returns the summary dict (also in W/summary.json)."""
   return jobs.run_job(MediatorJob(config), workdir, log=log)
+
+
+def decide(config, settings: dict, rows: dict, readers, probes: dict,
+           competence: dict) -> list:
+  """The job's claims, by rule, from its per-setting summaries and rows, the §8.4 probes
+  (World B) and the competence checks (World B's fine-tuned readers: a claim naming a
+  reader that is not competent is untested). The job and the recorded-run tests call it."""
+  c = config
+  pairs = verdicts.contrasts(readers, c.tools)
+  found = verdicts.run_claims(settings, rows, pairs, seed=c.bootstrap_seed, min_cell=c.min_cell)
+  if probes:
+    from ceu_jax.audits import layer_probe
+    by_name = {x.name: x for x in found}
+    for label, short, faith in pairs:
+      if short in probes and faith in probes:
+        found += layer_probe.pair_claims(
+            label, probes[short], probes[faith], by_name.get(f'{label}: separates'),
+            seed=c.bootstrap_seed, statement='the §8.4 probe tells the shortcut reader from '
+            'the faithful one: with M held fixed, making a statement true moves the shortcut '
+            'reader\'s decision more (ΔL larger on the same checklists)')
+  if competence:
+    found = verdicts.unless_competent(found, competence, pairs)
+  return found
 
 
 def _typed(r: dict) -> dict:
