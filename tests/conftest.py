@@ -122,6 +122,20 @@ def fast_compiled_module() -> Iterator[None]:
     yield
 
 
+RUNS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                        "runs")
+
+
+def extract_recorded_run(archive: str, into) -> str:
+  """Unpack docs/runs/<archive> (a recorded run's files) into the folder `into`; returns
+  `into`. The 'data' filter (no absolute paths, links or devices) where Python has it."""
+  import tarfile  # pylint: disable=g-import-not-at-top
+  with tarfile.open(os.path.join(RUNS_DIR, archive)) as tar:
+    kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    tar.extractall(into, **kw)
+  return str(into)
+
+
 def to_numpy(batch: RetrievalBatch) -> RetrievalBatch:
   return jax.tree.map(np.asarray, batch)
 

@@ -6,25 +6,22 @@ from __future__ import annotations
 
 import json
 import os
-import tarfile
 
 import ml_collections
 import pytest
 
 from ceu_jax.audits.mediator import job
 from ceu_jax.audits.mediator import worlds
+from tests.conftest import extract_recorded_run
 
-ARCHIVE = os.path.join(os.path.dirname(__file__), '..', 'docs', 'runs',
-                       'issue35_mediator_world_b.tar.gz')
+ARCHIVE = 'issue35_mediator_world_b.tar.gz'   # in docs/runs
 PAIR = 'smollm2_lora/shortcut vs faithful'
 
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
-  d = tmp_path_factory.mktemp('rec')
-  with tarfile.open(ARCHIVE) as t:
-    t.extractall(d, filter='data')
-  w = os.path.join(d, 'mediator_smollm2_ft')
+  w = os.path.join(extract_recorded_run(ARCHIVE, tmp_path_factory.mktemp('rec')),
+                   'mediator_smollm2_ft')
   return w, json.load(open(os.path.join(w, 'summary.json')))
 
 

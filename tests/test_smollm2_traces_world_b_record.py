@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-import tarfile
 
 import pytest
 
 from ceu_jax.audits.traces import verdicts
+from tests.conftest import extract_recorded_run
 
-ARCHIVE = os.path.join(os.path.dirname(__file__), '..', 'docs', 'runs',
-                       'issue35_traces_world_b.tar.gz')
+ARCHIVE = 'issue35_traces_world_b.tar.gz'   # in docs/runs
 PAIR = 'smollm2_following vs smollm2_shortcut'
 
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
-  d = tmp_path_factory.mktemp('rec')
-  with tarfile.open(ARCHIVE) as t:
-    t.extractall(d, filter='data')
-  return os.path.join(d, 'traces_smollm2_ft')
+  return os.path.join(extract_recorded_run(ARCHIVE, tmp_path_factory.mktemp('rec')),
+                      'traces_smollm2_ft')
 
 
 def test_recorded_verdicts_follow_from_the_recorded_numbers(run):

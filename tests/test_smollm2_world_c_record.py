@@ -5,15 +5,12 @@ six runs' (baseline and CER, seeds 0–2) eval_trained/ (summary.json, per-item 
 quote (no model is loaded)."""
 from __future__ import annotations
 
-import os
-import tarfile
-
 import pytest
 
 from ceu_jax.finetune import evaluate as cer_eval
+from tests.conftest import extract_recorded_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARCHIVE = os.path.join(ROOT, 'docs', 'runs', 'issue36_world_c.tar.gz')
+ARCHIVE = 'issue36_world_c.tar.gz'   # in docs/runs
 RUNS = {'baseline/s0': 'pw_ft_c', 'baseline/s1': 'pw_ft_c_s1', 'baseline/s2': 'pw_ft_c_s2',
         'cer/s0': 'pw_cer_c', 'cer/s1': 'pw_cer_c_s1', 'cer/s2': 'pw_cer_c_s2'}
 
@@ -21,10 +18,7 @@ RUNS = {'baseline/s0': 'pw_ft_c', 'baseline/s1': 'pw_ft_c_s1', 'baseline/s2': 'p
 @pytest.fixture(scope='module')
 def text(tmp_path_factory):
   root = tmp_path_factory.mktemp('world_c')
-  with tarfile.open(ARCHIVE) as tar:
-    # The 'data' filter (no absolute paths, links or devices) where this Python has it.
-    kw = {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}
-    tar.extractall(root, **kw)
+  extract_recorded_run(ARCHIVE, root)
   entries = [(label, str(root / run / 'eval_trained' / 'summary.json'))
              for label, run in RUNS.items()]
   return cer_eval.report(entries, str(root / 'report'))
