@@ -8,9 +8,9 @@ prompt, budget, stop and parse rules) on held-out checklists the reader was neve
 on: checklist accuracy (M̂ = gold M, every line), line accuracy (the share of the r·n
 lines graded right, an unparsed M̂ counting every line wrong) beside what a constant answer
 gets (`line_constant`: every line graded the held-out set's commoner gold label), decision
-parse rate (M̂ and Ŷ parse), F_ID, and the CNF consistency — a changed checklist forced, the share of decisions equal
-to C(M*) (a faithful reader follows, a shortcut one keeps C(M)). `competent` = checklist
-accuracy >= eval.min_accuracy and decision parse rate >= eval.min_parse_rate: a reader
+parse rate (M̂ and Ŷ parse), F_ID, and the CNF consistency — a changed checklist forced,
+the share of decisions equal to C(M*) (a faithful reader follows, a shortcut one keeps
+C(M)). `competent` = checklist accuracy >= eval.min_accuracy and decision parse rate >= eval.min_parse_rate: a reader
 below is reported as not competent, never audited as if it had learned the task. `run`
 trains unless the workdir holds a completed run (the adapters are reused), merges the
 adapters into the weights for an ordinary SmolLM2Reader and writes W/competence.json
@@ -39,9 +39,9 @@ def competence(reader, config: Any, task: ct.TextChecklistTask,
   n = len(rows)
   acc = sum(r['m_hat'] is not None and tuple(r['m_hat']) == tuple(r['gold']) for r in rows) / n
   parse = sum(not r['parse_fail'] for r in rows) / n
-  out = dict(n=n, checklist_accuracy=acc, **line_accuracy(rows), decision_parse_rate=parse, F_ID=s['F_ID'],
-             F_Strong=s['F_Strong'], delta=s['delta'], cons_CNF=s['cons_CNF'], n_CNF=s['n_CNF'],
-             cons_COR=s['cons_COR'], n_COR=s['n_COR'], fail_reasons=s['fail_reasons'],
+  out = dict(n=n, checklist_accuracy=acc, **line_accuracy(rows), decision_parse_rate=parse,
+             F_ID=s['F_ID'], F_Strong=s['F_Strong'], delta=s['delta'], cons_CNF=s['cons_CNF'],
+             n_CNF=s['n_CNF'], cons_COR=s['cons_COR'], n_COR=s['n_COR'], fail_reasons=s['fail_reasons'],
              min_accuracy=float(e.min_accuracy), min_parse_rate=float(e.min_parse_rate),
              wall_s=round(time.time() - t0, 1))
   out['competent'] = bool(acc >= out['min_accuracy'] and parse >= out['min_parse_rate'])
