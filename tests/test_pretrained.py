@@ -389,6 +389,42 @@ def test_one_reader_per_file_and_a_replaced_file_is_opened_anew(tmp_path):
   assert gguf_loader.config_from_gguf(reader).n_layers == 30
 
 
+@pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+def test_fast_reader_reads_what_the_stock_reader_reads():
+  """gguf_loader's reader (plain-ndarray slices of the mapped file) against the stock
+  `gguf.GGUFReader`: every field (offset, types, parts with their dtypes, contents) and
+  every tensor (name, type, shape, offset, bytes) equal."""
+  from gguf import GGUFReader  # pylint: disable=g-import-not-at-top
+  path = gguf_loader.default_gguf_path()
+  fast, stock = gguf_loader.open_gguf(path), GGUFReader(path)
+  assert type(fast) is not GGUFReader and isinstance(fast, GGUFReader)
+  assert list(fast.fields) == list(stock.fields) and len(fast.fields) > 30
+  for key, a in fast.fields.items():
+    b = stock.fields[key]
+    assert (a.offset, a.types, a.data, len(a.parts)) == (b.offset, b.types, b.data,
+                                                           len(b.parts)), key
+    for x, y in zip(a.parts, b.parts):
+      assert x.dtype == y.dtype and np.array_equal(x, y), key
+    assert a.contents() == b.contents(), key
+  assert len(fast.tensors) == len(stock.tensors) == 272
+  for a, b in zip(fast.tensors, stock.tensors):
+    assert (a.name, a.tensor_type, a.data_offset, a.n_elements) == (
+        b.name, b.tensor_type, b.data_offset, b.n_elements)
+    assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data), a.name
+
+
+@pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+def test_first_layers_equal_the_whole_models_first_layers():
+  """load_smollm2(n_layers=2) dequantizes only what it returns: the same arrays as the
+  whole model's embedding, final norm and first two layers."""
+  small, whole = gguf_loader.load_smollm2(n_layers=2), gguf_loader.load_smollm2()
+  assert small[0].n_layers == 2 and whole[0].n_layers == 30
+  assert sorted(small[1]['params']) == ['embed', 'final_norm', 'layers_0', 'layers_1']
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.tree.map(np.testing.assert_array_equal, small[1]['params'],
+               {k: whole[1]['params'][k] for k in small[1]['params']})
+
+
 def test_unembed_equals_the_plain_product_values_and_gradients():
   """`model.unembed` (table · xᵀ, transposed; the fast layout on XLA:CPU) against x · tableᵀ,
   float32 to 1e-5, and its gradients with respect to both."""
