@@ -15,6 +15,7 @@ from ceu_jax.audits.mediator import checklist_text as ct
 from ceu_jax.audits.mediator import finetune as F
 from ceu_jax.pretrained import gguf_loader
 from configs import smollm2_checklist as C
+from tests.test_train_helpers import metric_rows
 
 _WHY = gguf_loader.is_available()
 needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
@@ -124,33 +125,12 @@ def test_row_tokens_are_the_readers_prompt_then_the_target():
 
 
 @needs_model
-def test_tiny_fine_tune_trains_once_and_checks_competence(tmp_path):
-  from ceu_jax import workdir as workdir_lib
-  from ceu_jax.audits.mediator import competence
-  w = str(tmp_path / 'ck')
-  logs: list = []
-  c = C.get_config('tiny,regime=shortcut,tool=true')
-  out = competence.run(c, w, log=logs.append)
-  assert out['trained'] and out['step'] == 3 and workdir_lib.run_info(w)['completed']
-  comp = json.load(open(os.path.join(w, 'competence.json')))
-  assert comp == out['competence'] and comp['n'] == 2
-  for k in ('checklist_accuracy', 'decision_parse_rate', 'line_accuracy', 'line_constant'):
-    assert 0.0 <= comp[k] <= 1.0
-  assert comp['competent'] == (comp['checklist_accuracy'] >= 0.5
-                               and comp['decision_parse_rate'] >= 0.8)
-  assert any('smollm2_shortcut +tool' in m and 'held-out checklists' in m for m in logs)
-  logs.clear()
-  again = competence.run(c, w, log=logs.append)
-  assert not again['trained'] and again['competence'] == comp
-  assert not any('training' in m for m in logs)
-
-
-@needs_model
 def test_tiny_world_b_audits_the_fine_tuned_readers_after_their_competence_check(tmp_path):
   """`:tiny,world=smollm2,finetuned=faithful+shortcut,tools=on`: both checklist readers
-  trained (3 steps, 2 layers: plumbing) in W/train/<regime>_tool, checked, audited on World
-  B's checklists beside the prompted model, the pair's `separates` claim drawn, a
-  non-competent reader's claims untested; a rerun trains nothing."""
+  trained (3 steps, 2 layers: plumbing) in W/train/<regime>_tool, checked (competence.run:
+  W/train/<regime>_tool/competence.json, its numbers in [0, 1] and the competence rule),
+  audited on World B's checklists beside the prompted model, the pair's `separates` claim
+  drawn, a non-competent reader's claims untested; a rerun trains and checks nothing."""
   import shutil
   from ceu_jax import workdir as workdir_lib
   from ceu_jax.audits.mediator import job as mediator_job
@@ -172,6 +152,14 @@ def test_tiny_world_b_audits_the_fine_tuned_readers_after_their_competence_check
     tc = json.load(open(os.path.join(sub, 'config.json')))
     assert tc['data']['regime'] == regime and tc['data']['tool'] is True
     assert tc['data']['audit_n_items'] == 2 and tc['model']['n_layers'] == 2
+    comp = json.load(open(os.path.join(sub, 'competence.json')))
+    assert comp == s['competence'][f'smollm2_lora/{regime} +tool'] and comp['n'] == 2
+    for k in ('checklist_accuracy', 'decision_parse_rate', 'line_accuracy', 'line_constant'):
+      assert 0.0 <= comp[k] <= 1.0
+    assert comp['competent'] == (comp['checklist_accuracy'] >= 0.5
+                                 and comp['decision_parse_rate'] >= 0.8)
+    assert any(f'smollm2_{regime} +tool' in m and 'held-out checklists' in m for m in logs)
+    assert [r['step'] for r in metric_rows(sub, 'train')] == [1, 2, 3]
   names = {x['name']: x for x in s['claims']}
   sep = names['smollm2_lora/shortcut vs faithful +tool: separates']
   for x in s['claims']:
