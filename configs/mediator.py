@@ -70,7 +70,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.world = a.world or 'atr'           # atr (trained World A readers) | oracle (oracle readers)
   c.n_items = a.n_items or {'smollm2': (4, 150)}.get(c.world, (64, 1000))[int(not tiny)]  # items per setting
   c.seed = 0                           # test-item seed
-  c.items_per_chunk = 500              # items per resumable chunk (a unit of the job)
+  c.items_per_chunk = 32 if c.world == 'smollm2' else 500  # items per resumable chunk (a unit
+                                       # of the job: a progress line each; SmolLM2 generates
+                                       # 32 checklists in 1.3-1.9 min on 2 cores)
   c.bootstrap_seed = 42                # percentile bootstrap seed (SPEC §8)
   c.min_cell = 10                      # COR / CNF cells with fewer items are dropped
   c.plots = True                       # write cor_cnf.png/pdf and fid_fstrong.png/pdf
