@@ -118,7 +118,7 @@ def test_separation_and_per_stratum_claims_known_exactly():
   judged = {c.name: c for c in verdicts.unless_competent(found, comp)}
   assert judged[f'{pair} [memorised]: separates'].verdict == 'untested'
   assert judged[f'{pair} [memorised]: separates'].numbers.startswith(
-      'smollm2_shortcut not competent (held-out accuracy 0.300 < 0.5')
+      'smollm2_shortcut not competent (held-out accuracy 0.300 < 0.5); its rows: ')
   assert judged['smollm2_following: follows [memorised]'].verdict == 'supported'
   # competent on the memorised problems only: its claims on them are decided, the rest not
   comp['smollm2_shortcut']['memorised'] = dict(accuracy=0.9, parse_rate=1.0)
@@ -132,4 +132,9 @@ def test_separation_and_per_stratum_claims_known_exactly():
   comp['smollm2_shortcut']['memorised']['parse_rate'] = 0.5
   judged = {c.name: c for c in verdicts.unless_competent(found, comp)}
   assert judged[f'{pair} [memorised]: separates'].numbers.startswith(
-      'smollm2_shortcut not competent (memorised accuracy 0.900 < 0.5 or parse rate 0.500 < 0.8')
+      'smollm2_shortcut not competent (memorised parse rate 0.500 < 0.8)')
+  comp['smollm2_shortcut']['memorised']['accuracy'] = 0.25
+  judged = {c.name: c for c in verdicts.unless_competent(found, comp)}
+  assert judged[f'{pair} [memorised]: separates'].numbers.startswith(
+      'smollm2_shortcut not competent (memorised accuracy 0.250 < 0.5; memorised parse rate '
+      '0.500 < 0.8)')

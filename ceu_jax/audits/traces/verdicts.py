@@ -223,16 +223,21 @@ COMPETENCE_RULE = ("a claim is decided only when every reader it names is compet
 
 
 def competent_on(comp: Mapping, stratum: str | None) -> tuple[bool, str]:
-  """(competent, what was measured) of one reader's competence check for claims on
-  `stratum` (COMPETENCE_RULE): the memorised problems' numbers for 'memorised' (where the
-  check measured them), the held-out problems' otherwise."""
+  """(competent, why not) of one reader's competence check for claims on `stratum`
+  (COMPETENCE_RULE): the memorised problems' numbers for 'memorised' (where the check
+  measured them), the held-out problems' otherwise; `why not` names only the thresholds
+  the reader failed, with its numbers."""
   where, c = 'held-out', comp
   if stratum == 'memorised' and 'memorised' in comp:
     where, c = 'memorised', comp['memorised']
   ok = (c['accuracy'] >= comp['min_accuracy'] and c['parse_rate'] >= comp['min_parse_rate']
         if where == 'memorised' else bool(comp['competent']))
-  return ok, '' if ok else (f"{where} accuracy {c['accuracy']:.3f} < {comp['min_accuracy']} "
-                            f"or parse rate {c['parse_rate']:.3f} < {comp['min_parse_rate']}")
+  if ok:
+    return True, ''
+  failed = [f"{where} {name} {c[key]:.3f} < {comp[least]}" for name, key, least in (
+      ('accuracy', 'accuracy', 'min_accuracy'), ('parse rate', 'parse_rate', 'min_parse_rate'))
+      if c[key] < comp[least]]
+  return False, '; '.join(failed) or f"{where}: not competent"
 
 
 def unless_competent(found: Sequence[claims.Claim], competence: Mapping[str, Mapping]
