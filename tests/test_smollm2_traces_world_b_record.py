@@ -51,3 +51,21 @@ def test_recorded_probe_and_competence(run):
   assert c['smollm2_following']['competent'] and not c['smollm2_shortcut']['competent']
   assert c['smollm2_shortcut']['memorised']['accuracy'] == 1.0
   assert c['smollm2_shortcut']['memorised']['corrupted']['gold'] == pytest.approx(0.6)
+
+
+def test_recorded_plain_model_beside_the_fine_tunes(run):
+  """The plain instruction-tuned model audited in the same run (issue #35 item 2): not
+  competent (held-out accuracy 0.050), so its claims are untested; its rows follow an
+  edited trace on 8.5% of edits, and with the trace held fixed its answer barely moves."""
+  s = json.load(open(os.path.join(run, 'summary.json')))
+  assert list(s['readers']) == ['smollm2', 'smollm2_following', 'smollm2_shortcut']
+  c = s['competence']['smollm2']
+  assert not c['competent'] and c['accuracy'] == 0.05 and c['parse_rate'] == 1.0
+  follow = s['readers']['smollm2']['all']['follow']
+  assert (round(follow['value'], 3), follow['n']) == (0.085, 188)
+  claims = {x['name']: x for x in s['claims']}
+  for name in ('smollm2: follows', 'smollm2: follows [fresh]', 'smollm2: follows [memorised]'):
+    assert claims[name]['verdict'] == 'untested', name
+  assert claims['smollm2: follows']['numbers'].startswith(
+      'smollm2 not competent (held-out accuracy 0.050 < 0.5); its rows: follow rate +0.085')
+  assert s['probes']['smollm2']['n'] == 32
