@@ -419,6 +419,7 @@ def test_first_layers_equal_the_whole_models_first_layers():
   whole model's embedding, final norm and first two layers."""
   small, whole = gguf_loader.load_smollm2(n_layers=2), gguf_loader.load_smollm2()
   assert small[0].n_layers == 2 and whole[0].n_layers == 30
+  assert gguf_loader.load_smollm2(n_layers=30) is whole is gguf_loader.load_smollm2(n_layers=31)
   assert sorted(small[1]['params']) == ['embed', 'final_norm', 'layers_0', 'layers_1']
   import jax  # pylint: disable=g-import-not-at-top
   jax.tree.map(np.testing.assert_array_equal, small[1]['params'],

@@ -275,4 +275,6 @@ def load_smollm2(path: Optional[str] = None, n_layers: Optional[int] = None):
   missing or damaged.
   """
   path = os.path.abspath(path or default_gguf_path())
+  if n_layers is not None and n_layers >= config_from_gguf(open_gguf(path)).n_layers:
+    n_layers = None   # the whole model: one cached copy whichever way it is asked for
   return _load_cached(path, n_layers)
