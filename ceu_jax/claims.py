@@ -22,7 +22,7 @@ verdict is 'supported' but a condition fails is 'not supported'.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -186,3 +186,12 @@ def table(claims: Sequence[Claim]) -> str:
     lines.append(f"| {c.name} | {c.statement} | **{c.verdict}** | {c.numbers} |")
   rules = sorted({c.rule for c in claims})
   return "\n".join(lines + [""] + [f"Rule: {r}." for r in rules])
+
+
+def failed_thresholds(values: Mapping, limits: Mapping,
+                      checks: Sequence[tuple[str, str, str]], prefix: str = '') -> list[str]:
+  """'<prefix><name> <value> < <least>' for each (name, value key, limit key) check that
+  `values` fail against `limits`: why a reader is not competent, naming only what it failed
+  (the companion audits' competence rules)."""
+  return [f"{prefix}{name} {values[key]:.3f} < {limits[least]}"
+          for name, key, least in checks if values[key] < limits[least]]

@@ -177,9 +177,9 @@ def claims_of_workdir(workdir: str) -> list[claims.Claim]:
 
 def why_not_competent(k: Mapping) -> str:
   """The competence thresholds a check failed, with its numbers (only those it failed)."""
-  why = [f"{name} {k[key]:.3f} < {k[least]}" for name, key, least in (
+  why = claims.failed_thresholds(k, k, (
       ('checklist accuracy', 'checklist_accuracy', 'min_accuracy'),
-      ('decision parse rate', 'decision_parse_rate', 'min_parse_rate')) if k[key] < k[least]]
+      ('decision parse rate', 'decision_parse_rate', 'min_parse_rate')))
   if 'line_accuracy' in k:
     why.append(f"lines right {k['line_accuracy']:.3f}, a constant answer {k['line_constant']:.3f}")
   return '; '.join(why)

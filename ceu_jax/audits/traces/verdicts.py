@@ -234,9 +234,9 @@ def competent_on(comp: Mapping, stratum: str | None) -> tuple[bool, str]:
         if where == 'memorised' else bool(comp['competent']))
   if ok:
     return True, ''
-  failed = [f"{where} {name} {c[key]:.3f} < {comp[least]}" for name, key, least in (
-      ('accuracy', 'accuracy', 'min_accuracy'), ('parse rate', 'parse_rate', 'min_parse_rate'))
-      if c[key] < comp[least]]
+  failed = claims.failed_thresholds(c, comp, (('accuracy', 'accuracy', 'min_accuracy'),
+                                             ('parse rate', 'parse_rate', 'min_parse_rate')),
+                                    prefix=f'{where} ')
   return False, '; '.join(failed) or f"{where}: not competent"
 
 
