@@ -25,9 +25,23 @@ pytestmark = pytest.mark.usefixtures("fast_compiled")  # compile-bound: most XLA
 
 
 def test_tiny_smoke_grid_runs_and_reports_strata(tmp_path):
+  """... and its audits trace the engine's program once: the cells' training-time
+  evaluations and every condition of the same shapes share it (run_cell audits on the
+  training run's mesh, as the evaluation does)."""
+  import jax  # pylint: disable=g-import-not-at-top
   config = micro_smoke()
   workdir = str(tmp_path / "grid")
-  out = grid_main.run(config, workdir, log=lambda s: None)
+  traced = []
+  def listen(event, duration, **kwargs):
+    del duration
+    if event == "/jax/core/compile/jaxpr_trace_duration":
+      traced.append(kwargs.get("fun_name"))
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    out = grid_main.run(config, workdir, log=lambda s: None)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert traced.count("_audit_jit") == 1, traced.count("_audit_jit")
   cells = sweep.expand(config)
   assert out["failures"] == 0 and out["counts"]["done"] == len(cells) == 2
   assert {c.config.cer.beta_swap for c in cells} == {0.0, 1.0}

@@ -44,13 +44,18 @@ def grid_corruption(config: ml_collections.ConfigDict) -> str:
   return tuple(config.eval.corruptions)[0]
 
 
-def audit_condition(config, params, data_cfg) -> dict[str, np.ndarray]:
+def audit_condition(config, params, data_cfg, *, batch_sharding=None
+                    ) -> dict[str, np.ndarray]:
   """Per-example audit rows of the fixed eval set of one condition (grid corruption),
-  with a bool column `stratum_<name>` per stratum of the task (tasks.TaskSpec.strata)."""
+  with a bool column `stratum_<name>` per stratum of the task (tasks.TaskSpec.strata).
+  `batch_sharding`: as `audit_job.on_mesh` yields it (run_cell audits on the training
+  run's mesh, so the 'clean' condition runs the very programs the run's final
+  evaluation compiled); None = one device."""
   corruption = grid_corruption(config)
   bundle = auditor_lib.audited_model(config, data_cfg=data_cfg)
   data = auditor_lib.eval_set(config, data_cfg=data_cfg).select((corruption,))
-  auditor = auditor_lib.Auditor(bundle, auditor_lib.AuditSettings.of_config(config))
+  auditor = auditor_lib.Auditor(bundle, auditor_lib.AuditSettings.of_config(config),
+                                batch_sharding=batch_sharding)
   rows = auditor.rows(params, data)[corruption]
   strata = tasks.of_config(config.data).strata
   for name, mask in (strata(data_cfg, data.clean) if strata else {}).items():
@@ -125,15 +130,19 @@ def run_cell(config: ml_collections.ConfigDict, cell_dir: str, *,
   params = load_fn(config, train_dir)
   rows = []
   settings = auditor_lib.AuditSettings.of_config(config)
-  for name, data_cfg in test_conditions(config):
-    log(f"[cell] auditing condition {name}")
-    ex = audit_condition(config, params, data_cfg)
-    metrics, summary = summarize_condition(ex, settings)
-    if name == "clean":
-      audit_job.write_outputs(os.path.join(cell_dir, "audit"), {grid_corruption(config): ex},
-                              {grid_corruption(config): summary}, {"condition": name})
-    rows.append({"condition": name, "eta_test": data_cfg.eta, "delta_test": data_cfg.delta,
-                 "n_test": data_cfg.context_len, **metrics})
+  # On the training run's mesh: the 'clean' condition runs the very programs the run's
+  # final evaluation compiled, and the shifted conditions of the same shapes reuse them.
+  with audit_job.on_mesh(config, auditor_lib.audited_model(config), params) as (placed, bs):
+    for name, data_cfg in test_conditions(config):
+      log(f"[cell] auditing condition {name}")
+      ex = audit_condition(config, placed, data_cfg, batch_sharding=bs)
+      metrics, summary = summarize_condition(ex, settings)
+      if name == "clean":
+        audit_job.write_outputs(os.path.join(cell_dir, "audit"),
+                                {grid_corruption(config): ex},
+                                {grid_corruption(config): summary}, {"condition": name})
+      rows.append({"condition": name, "eta_test": data_cfg.eta,
+                   "delta_test": data_cfg.delta, "n_test": data_cfg.context_len, **metrics})
   return {"rows": rows, "train": _jsonable(train_summary)}
 
 
