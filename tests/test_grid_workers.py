@@ -8,6 +8,8 @@ values are refused before any process starts.
 """
 from __future__ import annotations
 
+import glob
+import json
 import os
 import time
 
@@ -95,6 +97,10 @@ def test_two_workers_run_every_cell_once_and_equal_one_process(tmp_path):
   assert os.getpid() in pids and len(pids) == 2, done          # both processes took cells
   assert _rows(two) == _rows(one)
   assert any("2 worker processes share the cells" in line for line in lines)
+  # Every cell records the XLA flags it ran under: the same in both processes.
+  flags = {json.load(open(p))["xla_flags"]
+           for p in glob.glob(os.path.join(two, "cells", "*", "result.json"))}
+  assert flags == {os.environ.get("XLA_FLAGS", "")}, flags
   assert "[grid] all 6 cells of the grid are finished" in lines
 
 

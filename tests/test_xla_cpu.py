@@ -39,3 +39,30 @@ def test_importing_ceu_jax_sets_xla_flags_before_jax_starts():
                        env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
                                 **{xla_cpu.ENV: "keep"}), check=True)
   assert out.stdout.split("\n")[0] == ""
+
+
+def test_one_thread_per_op_flag_added_once_and_the_users_choice_wins():
+  f = xla_cpu.EIGEN_FLAG
+  assert xla_cpu.one_thread_per_op_flags("") == f"{f}=false"
+  assert xla_cpu.one_thread_per_op_flags("--a=1") == f"--a=1 {f}=false"
+  assert xla_cpu.one_thread_per_op_flags(f"{f}=true") == f"{f}=true"
+  once = xla_cpu.one_thread_per_op_flags("")
+  assert xla_cpu.one_thread_per_op_flags(once) == once
+
+
+def test_one_thread_per_op_only_before_the_backend_starts():
+  """Set before JAX's backend starts (children inherit it); after, left alone (a worker
+  would otherwise differ from the process that started it); the user's value wins."""
+  code = ("import os, ceu_jax, jax; from ceu_jax import xla_cpu; "
+          "a = xla_cpu.one_thread_per_op(); f = os.environ['XLA_FLAGS']; "
+          "jax.numpy.ones(2).block_until_ready(); os.environ['XLA_FLAGS'] = ''; "
+          "b = xla_cpu.one_thread_per_op(); print(a, b, f, os.environ['XLA_FLAGS'], sep='|')")
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+  run = lambda **extra: subprocess.run(
+      [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+      env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **extra)).stdout.strip().split("|")
+  a, b, flags, after = run()
+  assert (a, b, after) == ("True", "False", "")
+  assert f"{xla_cpu.EIGEN_FLAG}=false" in flags
+  a, _, flags, _ = run(XLA_FLAGS=f"{xla_cpu.EIGEN_FLAG}=true")
+  assert a == "False" and flags.split()[0] == f"{xla_cpu.EIGEN_FLAG}=true"

@@ -11,7 +11,7 @@ import os
 
 import ml_collections
 
-from ceu_jax import progress
+from ceu_jax import progress, xla_cpu
 from ceu_jax.grid import aggregate, report, runner, sweep, validate, workers
 
 
@@ -51,6 +51,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = 
   """
   clock = progress.Progress(1)
   counts = {}
+  if not aggregate_only and xla_cpu.one_thread_per_op():   # before JAX's backend starts
+    log(f"[grid] XLA:CPU ops run on one thread per process ({xla_cpu.EIGEN_FLAG}=false)")
   workers.check_processes(processes)
   if aggregate_only:
     processes = 1
