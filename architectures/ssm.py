@@ -18,9 +18,15 @@ recurrence runs:
     [b,l,s] factors (no [b,l,c,s] gate tensor; an encoder block's scan emits only
     its readout [b,l,c]); the unmasked read keeps the states at passage ends, and
     span-masked reads (probes) go through the closed form below (its reverse scan
-    is a `lax.scan` too). The fastest on the 2-core CPU, where a loop iteration
-    per position is cheap: train step of the smoke grid's ssm (train_bench)
-    plain 70 → 46 ms, CER (k = 1) 210 → 152 ms against associative.
+    is a `lax.scan` too). CPU's default, where a loop iteration per position is
+    cheap: train step of the smoke grid's ssm (train_bench) plain 70 → 46 ms,
+    CER (k = 1) 210 → 152 ms against associative. Remeasured 2026-11-29 (idle
+    2 cores, median of 3 × 10 steps): fused plain 65–70 ms, CER k = 1 195–208 ms;
+    associative 76 / 231; chunked 53 / 141 — faster steps, but its programs
+    compile longer (the CER k = 1 step built and compiled in 30 s against 19 s; a
+    cold smoke-grid ssm CER cell spent 73 s compiling against 41 s), so that cell,
+    trained and audited from a cold cache, took 186 s against 180 s: 'fused'
+    stays CPU's default at the grid's scale of one 600-step run per cell.
   'chunked' (`architectures/ssm_scan.py`): no loop primitive; the encoder's
     readout by the two-level chunked scan (≈ 2.5√l short unrolled steps over
     [b, l/Q, c, s], with a written-out gradient), the read port's per-token
