@@ -26,7 +26,8 @@ import jax.numpy as jnp
 FAMILIES: tuple[str, ...] = ("attention", "ssm", "memory_port")
 RETRIEVAL_LAYERS: tuple[str, ...] = ("last", "all")
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-SCAN_IMPLS: tuple[str, ...] = ("auto", "fused", "chunked", "associative", "sequential")
+SCAN_IMPLS: tuple[str, ...] = ("auto", "fused", "linear", "chunked", "associative",
+                               "sequential")
 BOS_ID = 1  # "[BOS]" in ceu_jax.data.vocab.SPECIALS
 
 # Reference sizes used to match parameter counts (the ATR vocabulary 20 + 4 x 64).

@@ -9,24 +9,34 @@ Recurrence (per channel c and state index s, diagonal):
   h_j = A_j ⊙ h_{j-1} + B_j x_j,   A_j = exp(Δ_j · A),  B_j x_j = Δ_j · B_j · x_j,
 with input-dependent (selective) Δ_j, B_j. `scan_impl` picks how the
 recurrence runs:
-  'auto' (the default): 'fused' on CPU, 'associative' on an accelerator — the
+  'auto' (the default): 'linear' on CPU, 'associative' on an accelerator — the
     one measured there (H100, 2026-11-26: p400k n = 512 batch 128, plain 22.5 ms,
     CER 97.4 ms per step; docs/accelerator/). 'chunked' moves 5x fewer bytes by
     XLA's count but has not run on an accelerator yet: ask for it explicitly
     (model overrides scan_impl='chunked') and measure it there first.
+  'linear' (CPU's default since 2026-11-29): the gates materialised ([b,l,c,s]), one
+    `lax.scan` over them, its gradient written out (`ssm_scan.linear_scan`: the
+    adjoint recurrence from the right, the rest element-wise over whole tensors);
+    the unmasked read keeps the states at passage ends, masked reads go through the
+    closed form. Autodiff of 'fused' builds the gradient inside its loop body, one
+    iteration per position with residual slices: at the smoke grid's shapes (2
+    cores, one thread per op) the encoder readout's gradient 17.9 → 8.6 ms, the
+    plain train-step gradient 61.6 → 48.5 ms, the CER (k = 1) loss gradient
+    197.9 → 150.5 ms, against 'fused'. Memory: [b,l,c,s] tensors (5 MB at the
+    smoke grid's shapes, 0.6 GB at p400k n = 512 batch 128 — a size for an
+    accelerator, where 'auto' picks 'associative', which stores them too).
   'fused': one `lax.scan` whose step builds A_j and B_j x_j from the [b,l,c] /
     [b,l,s] factors (no [b,l,c,s] gate tensor; an encoder block's scan emits only
     its readout [b,l,c]); the unmasked read keeps the states at passage ends, and
     span-masked reads (probes) go through the closed form below (its reverse scan
-    is a `lax.scan` too). CPU's default, where a loop iteration per position is
-    cheap: train step of the smoke grid's ssm (train_bench) plain 70 → 46 ms,
+    is a `lax.scan` too). CPU's default until 2026-11-29, where a loop iteration
+    per position is cheap: train step of the smoke grid's ssm (train_bench) plain 70 → 46 ms,
     CER (k = 1) 210 → 152 ms against associative. Remeasured 2026-11-29 (idle
     2 cores, median of 3 × 10 steps): fused plain 65–70 ms, CER k = 1 195–208 ms;
     associative 76 / 231; chunked 53 / 141 — faster steps, but its programs
     compile longer (the CER k = 1 step built and compiled in 30 s against 19 s; a
     cold smoke-grid ssm CER cell spent 73 s compiling against 41 s), so that cell,
-    trained and audited from a cold cache, took 186 s against 180 s: 'fused'
-    stays CPU's default at the grid's scale of one 600-step run per cell.
+    trained and audited from a cold cache, took 186 s against 180 s.
   'chunked' (`architectures/ssm_scan.py`): no loop primitive; the encoder's
     readout by the two-level chunked scan (≈ 2.5√l short unrolled steps over
     [b, l/Q, c, s], with a written-out gradient), the read port's per-token
@@ -108,11 +118,11 @@ def sequential_scan(a: jax.Array, b: jax.Array, reverse: bool = False) -> jax.Ar
 
 
 def resolve_scan_impl(impl: str) -> str:
-  """'auto' -> 'fused' on the CPU backend, else 'associative' (the path measured on an
+  """'auto' -> 'linear' on the CPU backend, else 'associative' (the path measured on an
   accelerator; module doc); other values unchanged."""
   if impl != "auto":
     return impl
-  return "fused" if jax.default_backend() == "cpu" else "associative"
+  return "linear" if jax.default_backend() == "cpu" else "associative"
 
 
 def run_scan(a: jax.Array, b: jax.Array, impl: str, reverse: bool = False) -> jax.Array:
@@ -122,6 +132,8 @@ def run_scan(a: jax.Array, b: jax.Array, impl: str, reverse: bool = False) -> ja
   impl = resolve_scan_impl(impl)
   if impl == "chunked":
     return ssm_scan.chunked_scan(a, b, reverse)
+  if impl == "linear":
+    return ssm_scan.linear_scan(a, b, reverse)
   scan = associative_scan if impl == "associative" else sequential_scan
   return scan(a, b, reverse)
 
@@ -414,9 +426,14 @@ class SSMRetrieval(ReadPort):
     states at passage ends; masked reads (probes) use the per-token contributions,
     which the engine computes once for all probes."""
     s = self.spec
-    if span_mask is None and resolve_scan_impl(s.scan_impl) == "fused":
+    impl = resolve_scan_impl(s.scan_impl)
+    if span_mask is None and impl in ("fused", "linear"):
       ends = passage_end_onehot(memory.passage_ids, s.num_passages)         # [b,p,n]
-      return self.read_gates(memory).scan_states_at(jnp.moveaxis(ends, 1, 2))
+      gates = self.read_gates(memory)
+      if impl == "fused":
+        return gates.scan_states_at(jnp.moveaxis(ends, 1, 2))
+      h = run_scan(*gates.expand(), impl)                                   # [b,n,c,s]
+      return jnp.einsum("bpn,bncs->bpcs", ends.astype(h.dtype), h)
     return self.contributions(memory).states(span_mask)
 
   def port_values(self, x: jax.Array, memory: ContextMemory,

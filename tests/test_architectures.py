@@ -124,7 +124,7 @@ def test_causal_depthwise_conv_equals_flax_grouped_conv():
   np.testing.assert_allclose(conv.apply(variables, x), ref.apply(variables, x), atol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["fused", "chunked"])
+@pytest.mark.parametrize("impl", ["fused", "linear", "chunked"])
 def test_ssm_model_same_logits_with_fused_and_sequential_scan(impl):
   ref = _model("ssm", overrides={"scan_impl": "sequential"})
   fused = _model("ssm", overrides={"scan_impl": impl})

@@ -47,6 +47,24 @@ def test_chunked_scan_equals_sequential_values_and_grads(l, chunk, reverse):
     np.testing.assert_allclose(got, want, **TOL)
 
 
+@pytest.mark.parametrize("l", [50, 2, 1])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_linear_scan_equals_sequential_values_and_grads(l, reverse):
+  """The materialised scan with its written-out gradient (the CPU default) against
+  autodiff of the sequential `lax.scan`."""
+  ka, kb, kw = jax.random.split(jax.random.PRNGKey(l + 7), 3)
+  a = jax.random.uniform(ka, (2, l, 3, 4), minval=0.0, maxval=1.0)
+  b = jax.random.normal(kb, (2, l, 3, 4))
+  w = jax.random.normal(kw, (2, l, 3, 4))
+  fast = lambda a, b: jnp.sum(w * ssm_scan.linear_scan(a, b, reverse))
+  ref = lambda a, b: jnp.sum(w * ssm.sequential_scan(a, b, reverse))
+  np.testing.assert_allclose(jax.jit(ssm_scan.linear_scan, static_argnums=2)(a, b, reverse),
+                             jax.jit(ssm.sequential_scan, static_argnums=2)(a, b, reverse), **TOL)
+  for got, want in zip(jax.jit(jax.grad(fast, (0, 1)))(a, b),
+                       jax.jit(jax.grad(ref, (0, 1)))(a, b)):
+    np.testing.assert_allclose(got, want, **TOL)
+
+
 def test_chunked_scan_broadcast_gates_and_exact_zeros():
   """0/1 gates broadcast over the features (as `segment_suffix` uses them): exact."""
   l = 23
@@ -152,12 +170,13 @@ def test_gate_contributions_equal_the_suffix_scan_values_and_grads(kind):
 
 # ------------------------------------------------------------------ whole model
 
-def test_ssm_model_chunked_equals_sequential_logits_and_grads():
+@pytest.mark.parametrize("impl", ["chunked", "linear"])
+def test_ssm_model_equals_sequential_logits_and_grads(impl):
   sizes = dict(vocab_size=40, context_len=26, num_passages=3, query_len=4, answer_len=2)
   over = dict(ssm_inner=8, ssm_state=4, embed_dim=16, reader_mlp_dim=32, reader_heads=2)
-  models = {impl: architectures.build_model(
-      dict(family="ssm", preset="p100k", overrides=dict(over, scan_impl=impl)), **sizes)
-      for impl in ("chunked", "sequential")}
+  models = {name: architectures.build_model(
+      dict(family="ssm", preset="p100k", overrides=dict(over, scan_impl=scan)), **sizes)
+      for name, scan in (("chunked", impl), ("sequential", "sequential"))}
   params = architectures.init_params(models["sequential"], jax.random.PRNGKey(0))
   params = jax.tree.map(lambda v: v + 0.05, params)                  # non-zero FiLM etc.
   r = np.random.default_rng(0)
