@@ -48,6 +48,7 @@ Bytes (XLA's CPU cost analysis, scale_bench p400k n = 256, CER step of the ssm):
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -253,20 +254,24 @@ def chunked_readout(dt: jax.Array, dtx: jax.Array, b_in: jax.Array, rate: jax.Ar
 
 
 def segment_suffix(dt: jax.Array, keep: jax.Array | None, is_end: jax.Array,
-                   chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+                   chunk: int | None = None, loop: bool = False
+                   ) -> tuple[jax.Array, jax.Array]:
   """Per position j, over the positions k with j < k ≤ end(j) (the last position of
   j's segment; segments end where ``is_end`` [b,l] is true): D_j = Σ dt_k [b,l,c]
   and κ_j = Π keep_k [b,l] (keep = 1 when None), κ_j = 0 when no end follows j.
 
   Both are reverse recurrences with 0/1 gates (0 at segment ends), so they run as
-  chunked scans over [b,l,c] / [b,l]: sums of non-negative terms, no differences
-  of cumulative sums.
+  chunked scans over [b,l,c] / [b,l] (``loop``: as `linear_scan`s, one loop step
+  per position — on the CPU they compile in a fraction of the unrolled chunks'
+  time): sums of non-negative terms, no differences of cumulative sums.
   """
   gate = 1.0 - is_end.astype(dt.dtype)                      # [b,l]
   nxt = lambda t: jnp.pad(t[:, 1:], [(0, 0), (0, 1)] + [(0, 0)] * (t.ndim - 2))
-  d = chunked_scan(gate[..., None], gate[..., None] * nxt(dt), reverse=True, chunk=chunk)
+  scan = ((lambda a, b: linear_scan(jnp.broadcast_to(a, b.shape), b, reverse=True))
+          if loop else functools.partial(chunked_scan, reverse=True, chunk=chunk))
+  d = scan(gate[..., None], gate[..., None] * nxt(dt))
   kept = nxt(jnp.ones_like(gate) if keep is None else keep)   # 0 past the last position
-  kappa = chunked_scan(gate * kept, 1.0 - gate, reverse=True, chunk=chunk)
+  kappa = scan(gate * kept, 1.0 - gate)
   return d, kappa
 
 
@@ -295,14 +300,14 @@ _terms.defvjp(_terms_fwd, _terms_bwd)
 
 def segment_contributions(dt: jax.Array, dtx: jax.Array, b_in: jax.Array, rate: jax.Array,
                           keep: jax.Array | None, is_end: jax.Array,
-                          chunk: int | None = None) -> jax.Array:
+                          chunk: int | None = None, loop: bool = False) -> jax.Array:
   """u_j = (Π_{j<k≤end(j)} A_k) ⊙ B_j x_j [b,l,c,s]: each position's share of its
   segment's end state, from the gate factors (as in `chunked_readout`), as
   exp(−rate · D_j) · κ_j ⊙ dtx_j ⊗ b_in_j with `segment_suffix`'s D and κ: one
   element-wise pass writes u (no scan over [b,l,c,s]); its gradient is written out
   (`_terms_bwd`: reductions of ∂u with the factors, no [b,l,c,s] product stored by
   autodiff)."""
-  d, kappa = segment_suffix(dt, keep, is_end, chunk)
+  d, kappa = segment_suffix(dt, keep, is_end, chunk, loop)
   return _terms(dtx, b_in, rate, d, jax.lax.stop_gradient(kappa))
 
 

@@ -198,7 +198,8 @@ def _port(reset: bool = True, impl: str = "associative", layout: str = "ragged")
 @pytest.mark.parametrize("reset", [True, False])
 @pytest.mark.parametrize("impl,layout", [("associative", "ragged"), ("fused", "ragged"),
                                          ("fused", "padded"), ("chunked", "ragged"),
-                                         ("chunked", "padded")])
+                                         ("chunked", "padded"), ("linear", "ragged"),
+                                         ("linear", "padded")])
 def test_port_read_equals_masked_rescan(reset, impl, layout):
   """Every read — the fused scan's unmasked one and the chunked path's contributions
   from the gate factors included — equals the masked re-scan (padded: ids outside
@@ -319,12 +320,16 @@ def test_read_scan_is_outside_the_probe_loop(hoist):
     assert _scan_count(body) >= 4
 
 
-@pytest.mark.parametrize("impl,name", [("associative", "slot_contributions"),
-                                       ("chunked", "gate_slot_contributions")])
-def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch, impl, name):
+@pytest.mark.parametrize("impl,name,unmasked", [("associative", "slot_contributions", True),
+                                                ("chunked", "gate_slot_contributions", True),
+                                                ("linear", "gate_slot_contributions", False)])
+def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch, impl, name,
+                                                                   unmasked):
   """Executions of the contributions (counted by a host callback inside them)
   do not grow with K: L+ and L− runs, then Π_S h and h on the clean and the
-  corrupted run once each, shared by every chunk."""
+  corrupted run once each, shared by every chunk (`unmasked`: the impl reads h
+  from the contributions too; the linear scan reads h by its scan, so only the
+  two Π_S h count)."""
   calls = [0]
   inner = getattr(ssm, name)
 
@@ -347,5 +352,7 @@ def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch, 
     jax.effects_barrier()
     return calls[0]
 
-  assert executions(4) == executions(12) == 2 + 2 * 2     # 2 and 6 chunks
-  assert executions(12, hoist=False) == 2 + 2 * 2 * 6     # per chunk without hoisting
+  per_run = 2 if unmasked else 1                         # (Π_S h, h) or Π_S h alone
+  plain = 2 if unmasked else 0                            # the L+ and L− runs
+  assert executions(4) == executions(12) == plain + 2 * per_run     # 2 and 6 chunks
+  assert executions(12, hoist=False) == plain + 2 * per_run * 6     # per chunk, no hoisting

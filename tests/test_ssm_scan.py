@@ -140,10 +140,12 @@ def _layout(kind: str, b: int, n: int, p: int) -> jax.Array:
   return jnp.asarray(ids, jnp.int32)
 
 
+@pytest.mark.parametrize("loop", [False, True], ids=["chunked_sums", "loop_sums"])
 @pytest.mark.parametrize("kind", ["blocks", "ragged", "padded"])
-def test_gate_contributions_equal_the_suffix_scan_values_and_grads(kind):
-  """u_j from the gate factors (exp of segment sums of Δ) against `slot_contributions`
-  (the reverse `lax.scan` of the materialised gates); every span's states too."""
+def test_gate_contributions_equal_the_suffix_scan_values_and_grads(kind, loop):
+  """u_j from the gate factors (exp of segment sums of Δ, the sums by chunked scans or
+  by `linear_scan`, 'linear''s path) against `slot_contributions` (the reverse
+  `lax.scan` of the materialised gates); every span's states too."""
   b, n, c, s, p = 2, 32, 3, 4, 4
   pid = _layout(kind, b, n, p)
   g = _gates(11, b, n, c, s, False).with_restarts(ssm.passage_starts(pid))
@@ -151,7 +153,7 @@ def test_gate_contributions_equal_the_suffix_scan_values_and_grads(kind):
   w = jax.random.normal(jax.random.PRNGKey(3), (b, p, c, s))
 
   def fast(g):
-    con = ssm.gate_slot_contributions(g, pid, p)
+    con = ssm.gate_slot_contributions(g, pid, p, loop=loop)
     return jnp.sum(w * con.states()) + jnp.sum(w ** 2 * con.states(span)), con.terms
 
   def ref(g):
