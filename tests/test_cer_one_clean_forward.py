@@ -49,13 +49,15 @@ def _setup(family: str):
 def two_forward_reference(model, variables, site, clean, corrupt, probes, frozen,
                           allow_approximate):
   """The earlier computation: logits from one forward on D+, L_int from the engine,
-  which records h_f in a second forward on D+ (under stop_gradient when frozen)."""
+  which records h_f in a second forward on D+ (under stop_gradient when frozen), and
+  L− from a third, separate run on D−."""
   logits = model.apply(variables, *clean.model_inputs())
+  loglik = adapter.loglik_fn_for(model)
   l_int = runner.intervened_logliks(
-      adapter.loglik_fn_for(model), variables, clean=ModelInputs.of(clean, frozen=frozen),
+      loglik, variables, clean=ModelInputs.of(clean, frozen=frozen),
       corrupt=ModelInputs.of(corrupt), site=runner.Site.parse(site), probes=probes,
       chunk_size=probes.num, allow_approximate=allow_approximate)
-  return logits, l_int
+  return logits, l_int, loglik(variables, ModelInputs.of(corrupt))
 
 
 def _loss_and_grads(family: str, cfg: losses.LossConfig):
@@ -78,14 +80,38 @@ def test_loss_and_grads_equal_two_forward_reference(family, grad_path, monkeypat
   assert float(metrics["cer_valid_frac"]) > 0 and float(metrics["cer_ev"]) > 0, metrics
   np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-5)
   assert set(metrics) == set(want_metrics)
+  ratio_tol = _ratio_tolerance(family)
   for name in metrics:
-    np.testing.assert_allclose(metrics[name], want_metrics[name], rtol=1e-5, atol=1e-5,
+    tol = ratio_tol if name in RATIO_METRICS else 1e-5
+    np.testing.assert_allclose(metrics[name], want_metrics[name], rtol=tol, atol=tol,
                                err_msg=name)
   flat, want_flat = jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(want_grads)
   assert len(flat) == len(want_flat)
   for (path, g), w in zip(flat, want_flat):
     assert_close_to_scale(g, w, jax.tree_util.keystr(path))
   assert max(float(jnp.abs(g).max()) for g in want_flat) > 1e-3   # gradients are not ~0
+
+
+# The metrics that are means of CEU ratios (L_int − L−) / max(gap, ε): the loss reads L−
+# from the probes' run on D− (`engine.with_unpatched`), the reference from a run of its
+# own, and float32 rounding of the L's (|L| up to ~50 here) divided by a gap of 3e-3 moves
+# a ratio by ~1e-3. They are compared with that propagated bound, 1e-5 · 3 max |L| /
+# min gap over the valid rows; their ingredients (loss, cer_ev, cer_dis, gap, swap) at
+# 1e-5, and L_int and L− themselves in `test_unpatched_row_is_the_plain_run_on_d_minus`.
+RATIO_METRICS = ("ceu_ev", "ceu_dis", "ceu_control")
+
+
+def _ratio_tolerance(family: str) -> float:
+  model, params, clean, corrupt, site = _setup(family)
+  variables, loglik = {"params": params}, adapter.loglik_fn_for(model)
+  probes, _ = adapter.probe_set(clean, corrupt, jax.random.PRNGKey(7), CFG.k)
+  _, l_int, l_minus = two_forward_reference(model, variables, site, clean, corrupt, probes,
+                                            False, family == "memory_port")
+  l_plus = loglik(variables, ModelInputs.of(clean))
+  gap = np.asarray(l_plus - l_minus)
+  valid = np.asarray(clean.has_evidence) & (gap >= CFG.eps)
+  scale = max(float(jnp.abs(x).max()) for x in (l_plus, l_minus, l_int))
+  return 1e-5 * 3 * scale / max(float(gap[valid].min()), CFG.eps)
 
 
 def assert_close_to_scale(got, want, what: str, tol: float = 1e-5) -> None:
@@ -162,3 +188,35 @@ def test_engine_entry_full_site_and_clean_grad():
     assert_close_to_scale(g, w, "clean_grad=False")
   assert any(float(jnp.abs(a - b).max()) > 1e-4
              for a, b in zip(jax.tree.leaves(g_all), jax.tree.leaves(g_frozen)))
+
+
+@pytest.mark.parametrize("family", ["attention", "ssm", "memory_port"])
+def test_unpatched_row_is_the_plain_run_on_d_minus(family):
+  """`engine.with_unpatched`: the added row edits no port, so its L_int is L− of a plain
+  run on D− (1e-5), and the other rows are the probes' L_int without it (1e-5)."""
+  model, params, clean, corrupt, site = _setup(family)
+  variables = {"params": params}
+  probes, _ = adapter.probe_set(clean, corrupt, jax.random.PRNGKey(7), 3)
+  rows = engine.with_unpatched(probes, model.spec.num_ports)
+  assert rows.names == probes.names + (engine.UNPATCHED,) and rows.num == 4
+  assert rows.ports.shape == (4, model.spec.num_ports) and not bool(rows.ports[-1].any())
+  assert bool(rows.ports[:-1].all()) and not bool(rows.span[-1].any())
+  logits_fn, loglik = adapter.logits_fn_for(model), adapter.loglik_fn_for(model)
+  plus, minus = ModelInputs.of(clean), ModelInputs.of(corrupt)
+  run = lambda p: jax.jit(lambda v: engine.clean_run_and_intervened(
+      logits_fn, loglik, v, clean=plus, corrupt=minus, site=runner.Site.parse(site), probes=p,
+      chunk_size=p.num, allow_approximate=family == "memory_port")[1])(variables)
+  got, want = run(rows), run(probes)
+  l_minus = jax.jit(loglik)(variables, minus)
+  np.testing.assert_allclose(got[-1], l_minus, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[:-1], want, rtol=1e-5, atol=1e-5)
+  assert float(jnp.abs(want[0] - l_minus).max()) > 1e-3    # the ev patch moves L_int
+
+
+def test_with_unpatched_refuses_a_second_row_and_a_wrong_port_count():
+  probes = engine.span_probes(jnp.ones((2, 3, 5), bool), names=("a", "b"))
+  rows = engine.with_unpatched(probes, 4)
+  with pytest.raises(engine.MaskShapeError, match="already hold"):
+    engine.with_unpatched(rows, 4)
+  with pytest.raises(engine.MaskShapeError, match="num_ports = 3"):
+    engine.with_unpatched(probes.replace(ports=jnp.ones((2, 4), bool)), 3)

@@ -123,14 +123,27 @@ def test_gap_floor_scales_small_gaps_continuously():
 
 
 def test_numerator_grad_path_matches_manual_stop_gradient():
-  """grad_path=numerator: the clean recording and the denominator are constants."""
+  """grad_path=numerator: the clean recording and the denominator are constants.
+
+  Conditioning: the ev term's gradient is λ_ev (∂L_int − ∂L−) / gap per active row, a
+  difference of two nearly equal gradients divided by gaps down to 9e-3 in this batch.
+  The loss reads L− from the probes' run on D− (`engine.with_unpatched`), the reference
+  from a run of its own, so float32 rounding of each gradient is not cancelled and comes
+  out amplified (measured: up to 1.7e-5 of the weighted terms' gradient scale; the two
+  paths shared L− bit for bit before, which hid it). Compared with the propagated bound,
+  per leaf 1e-4 · (max |G_int| + max |G−| + max(1, max |want|)) — the last term the
+  comparison's 1e-4 relative to the leaf's scale, as `assert_close_to_scale` in
+  tests/test_cer_one_clean_forward.py (a leaf is a sum of terms of its scale; an element
+  that cancels to near 0 keeps their rounding) — with G_int, G− the gradients
+  of the two terms weighted as the loss weights them (λ_ev / (B · gap) on active rows);
+  the 'all' path's gradient must fall outside it (the bound still tells the paths apart)."""
   model, params, clean, corrupt, site = _setup()
   cfg = losses.LossConfig(regularizer="evidence", k=1, grad_path="numerator",
                           gap_floor=1e-3, lambda_ev=2.0)
   probes, _ = adapter.probe_set(clean, corrupt, jax.random.PRNGKey(7), 1)
   loglik = adapter.loglik_fn_for(model)
 
-  def manual(p):
+  def runs(p):
     v = {"params": p}
     lp = loglik(v, adapter.ModelInputs.of(clean))
     lm = loglik(v, adapter.ModelInputs.of(corrupt))
@@ -138,6 +151,10 @@ def test_numerator_grad_path_matches_manual_stop_gradient():
                            site, span_mask=probes.span[0])
     li = engine.patch(loglik, v, adapter.ModelInputs.of(corrupt), site, rec[site],
                       span_mask=probes.span[0])
+    return lp, lm, li
+
+  def manual(p):
+    lp, lm, li = runs(p)
     gap = jax.lax.stop_gradient(lp - lm)
     valid = clean.has_evidence & (gap >= cfg.eps)
     ev = jnp.where(valid, jnp.maximum(cfg.alpha - (li - lm) / jnp.maximum(gap, cfg.eps), 0), 0)
@@ -147,11 +164,27 @@ def test_numerator_grad_path_matches_manual_stop_gradient():
   got = jax.jit(jax.grad(lambda p: losses.cer_loss(p, model, site, clean, corrupt,
                                                    jax.random.PRNGKey(7), cfg)[0]))(params)
   want = jax.jit(jax.grad(manual))(params)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+  lp, lm, li = jax.jit(runs)(params)
+  gap = lp - lm
+  active = clean.has_evidence & (gap >= cfg.eps) & (cfg.alpha - (li - lm) / gap > 0)
+  c = jnp.where(active, cfg.lambda_ev / (gap.shape[0] * jnp.maximum(gap, cfg.eps)), 0.0)
+  assert int(active.sum()) >= 2                     # the ev term is live
+  g_int = jax.jit(jax.grad(lambda p: (c * runs(p)[2]).sum()))(params)
+  g_minus = jax.jit(jax.grad(lambda p: (c * runs(p)[1]).sum()))(params)
+
+  def excess(grads) -> float:
+    """max over leaves of |grads − want| − bound (≤ 0: within the propagated bound)."""
+    out = -np.inf
+    for g, w, gi, gm in zip(*map(jax.tree.leaves, (grads, want, g_int, g_minus))):
+      g, w = np.asarray(g), np.asarray(w)
+      bound = 1e-4 * (float(np.abs(gi).max()) + float(np.abs(gm).max())
+                      + max(1.0, float(np.abs(w).max())))
+      out = max(out, float((np.abs(g - w) - bound).max()))
+    return out
+
+  assert excess(got) <= 0, excess(got)
   all_path = jax.jit(jax.grad(lambda p: losses.cer_loss(
       p, model, site, clean, corrupt, jax.random.PRNGKey(7),
       dataclasses.replace(cfg, grad_path="all"))[0]))(params)
-  diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(all_path),
-                                                         jax.tree.leaves(got)))
-  assert diff > 1e-6     # 'all' also differentiates the recording and the denominator
+  # 'all' also differentiates the recording and the denominator: outside the bound.
+  assert excess(all_path) > 0.01, excess(all_path)

@@ -63,10 +63,10 @@ from ceu_jax.engine.multi import (MultiEvidenceLayout, MultiEvidenceScores,
                                   multi_evidence_probes)
 from ceu_jax.engine.nominate import (attention_mass, by_attention, by_passage,
                                      by_query_overlap, passage_containing)
-from ceu_jax.engine.probes import (CONTROL, DIS, EV, FULL, SPAN_PROBES, Probes,
+from ceu_jax.engine.probes import (CONTROL, DIS, EV, FULL, SPAN_PROBES, UNPATCHED, Probes,
                                    control_span, evidence_probes, full_site,
                                    port_probes, position_probes, span_probes,
-                                   stack)
+                                   stack, with_unpatched)
 from ceu_jax.engine.runner import (AuditResult, Profile, audit, audit_lowered,
                                    clean_run_and_intervened, from_logliks,
                                    intervened_logliks, map_probes, one_probe,
@@ -89,5 +89,5 @@ __all__ = [
     "map_probes", "multi_evidence_probes", "one_probe", "passage_containing",
     "patch", "port_probes", "position_probes", "profile", "record",
     "recorded_probe",
-    "span_probes", "stack", "tokenwise",
+    "span_probes", "stack", "tokenwise", "UNPATCHED", "with_unpatched",
 ]

@@ -25,6 +25,7 @@ EV = "ev"            # the evidence span E(D+)
 DIS = "dis"          # a distractor span of matched format
 CONTROL = "control"  # a random non-evidence span of the evidence's length
 FULL = "full"        # the whole site
+UNPATCHED = "unpatched"  # no port edited: the plain run on D− (its L_int is L−)
 SPAN_PROBES = (EV, DIS, CONTROL)  # the standard span probes, in `evidence_probes` order
 
 
@@ -87,6 +88,34 @@ def stack(*probes: Probes) -> Probes:
   names = sum((p.names or tuple(f"probe_{i}" for i in range(p.num))
                for p in probes), ())
   return Probes(cat("span"), cat("ports"), cat("positions"), names).validate()
+
+
+def with_unpatched(probes: Probes, num_ports: int) -> Probes:
+  """`probes` plus a last row `UNPATCHED` whose port mask is all False: the site keeps
+  h(D−), so that row's L_int is L− of the same run on D− that the probes patch. A loss
+  that needs L− beside L_int then differentiates one run on D− (its probe-independent
+  part hoisted and shared) instead of a second, separate one. The other rows get an
+  all-True port mask where they had none (`jnp.where(True, h', h)` is h' bit for bit).
+  ``num_ports``: P, the site's port axis (the layout's p)."""
+  probes = probes.validate()
+  if UNPATCHED in probes.names:
+    raise MaskShapeError(f"probes already hold a {UNPATCHED!r} row: {probes.names}")
+  k = probes.num
+  if probes.ports is None:
+    ports = jnp.ones((k, num_ports), jnp.bool_)
+  elif probes.ports.dtype != jnp.bool_:
+    raise MaskShapeError("with_unpatched: soft (float) port masks are not supported")
+  else:
+    ports = probes.ports
+  if ports.shape[-1] != num_ports:
+    raise MaskShapeError(f"with_unpatched: ports [..., {ports.shape[-1]}] for "
+                         f"num_ports = {num_ports}")
+  row = lambda m, fill: jnp.concatenate([m, jnp.full((1,) + m.shape[1:], fill, m.dtype)])
+  names = (probes.names or tuple(f"probe_{i}" for i in range(k))) + (UNPATCHED,)
+  return Probes(span=None if probes.span is None else row(probes.span, False),
+                ports=row(ports, False),
+                positions=None if probes.positions is None else row(probes.positions, True),
+                names=names).validate()
 
 
 def span_probes(masks: Sequence[jax.Array] | jax.Array,
