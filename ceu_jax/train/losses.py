@@ -25,7 +25,8 @@ clean_run_and_intervened`): k probes per example, 'ev' (S = E(D+)), 'dis' (one
 evidence-format non-evidence line of D+) and 'control' (a random non-evidence
 span of the evidence's length), evaluated in one vmapped chunk. The port's
 value on D+ is recorded in the same forward whose logits give L+ and exact
-match (one clean forward per step, not two).
+match (one clean forward per step, not two), and L− is read from one more row of
+that chunk that edits no port (`engine.with_unpatched`): one run on D− per step.
 
 `grad_path`:
   all        gradients flow through L+, L−, the clean recording Π_S h(D+) and
@@ -123,9 +124,9 @@ def clean_forward_and_probes(model: nn.Module, variables: Any, site: Site,
   vmapped chunk, with one more row that edits no port (`engine.with_unpatched`): its
   L_int is L−, so the run on D− whose port the probes patch is also the one that gives
   L−, and its probe-independent part is differentiated once (a separate run on D− was
-  merged with it in the forward by XLA, not in the backward: CER k = 1 loss gradient at
-  the smoke grid's shapes, 2 cores, measured 2026-11-29 in `cer_bench`-style timing —
-  attention, memory_port and ssm paid 8, 20 and 20 ms for it). `frozen` (grad_path
+  merged with it in the forward by XLA, not in the backward: the CER k = 1 loss gradient
+  at the smoke grid's shapes, 2 cores, 2026-11-29, went attention 50.2 → 36.2 ms,
+  memory_port 46.1 → 40.3, ssm 141 → 110 without it). `frozen` (grad_path
   numerator): the recorded value is under stop_gradient, the logits keep their
   gradients.
   """
