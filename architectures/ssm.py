@@ -23,8 +23,9 @@ recurrence runs:
     [b,n,c,s]; CER k = 1 loss gradient 156 → 141 ms against the reverse `linear_scan`,
     median of 7 × 10 steps, compile 10.0 vs 10.1 s, 2026-11-29). Autodiff of 'fused'
     builds the gradient inside its loop body, one iteration per position with
-    residual slices: at the smoke grid's shapes (2 cores, one thread per op) the encoder readout's gradient 17.9 → 8.6 ms, the
-    plain train-step gradient 61.6 → 48.5 ms, the CER (k = 1) loss gradient
+    residual slices: at the smoke grid's shapes (2 cores, one thread per op) the
+    encoder readout's gradient 17.9 → 8.6 ms, the plain train-step gradient
+    61.6 → 48.5 ms, the CER (k = 1) loss gradient
     197.9 → 150.5 ms, against 'fused'. Memory: [b,l,c,s] tensors (5 MB at the
     smoke grid's shapes, 0.6 GB at p400k n = 512 batch 128 — a size for an
     accelerator, where 'auto' picks 'associative', which stores them too).
@@ -73,8 +74,8 @@ cumulative products, so products that underflow give 0, not 0/0) — with
 gate factors, the same products up to reassociation (`gate_slot_contributions`) — and
 every span is then a masked sum (a matmul of the span mask with u). Under the CEU
 engine, which splits off probe-independent work by partial evaluation, the
-contributions are therefore computed once per call whatever the number of probes. Without resets at
-passage starts (`ssm_reset_at_passages=False`) slot p also sees earlier
+contributions are therefore computed once per call whatever the number of probes.
+Without resets at passage starts (`ssm_reset_at_passages=False`) slot p also sees earlier
 passages, and the contributions carry the slot axis, [b,n,p,c,s].
 
 State size vs the attention family: the reader reads P x c x s numbers per read

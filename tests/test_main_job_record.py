@@ -2,7 +2,8 @@
 
 docs/runs/main_job.tar.gz holds command 1's run as it finished: every cell's result.json
 (its rows, config, code version and timing) and audit/examples.csv (the per-item rows the
-paired claims are decided on; no checkpoints), and the claims.md the run printed. Made from a finished workdir W by
+paired claims are decided on; no checkpoints), and the claims.md the run printed. Made
+from a finished workdir W by
   tar -czf docs/runs/main_job.tar.gz -C W claims.md cells/*/result.json \
       cells/*/audit/examples.csv
 Aggregating those cells with today's code (`grid.main.run(..., aggregate_only=True)`, what

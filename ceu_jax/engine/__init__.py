@@ -80,6 +80,7 @@ __all__ = [
     "EngineError", "FULL", "Input", "LiftedSiteError", "MaskShapeError",
     "MultiEvidenceLayout", "MultiEvidenceScores", "Native", "Output",
     "PortCheck", "PortCheckError", "Probes", "Profile", "SPAN_PROBES", "Scanned", "Site",
+    "UNPATCHED",
     "SiteNotFoundError", "SpanUnsupportedError", "Tap", "aggregate",
     "attention_mass", "attrib", "audit", "audit_lowered", "by_attention", "by_passage",
     "by_query_overlap", "ceu", "ceu_unclipped", "check_port", "choose_pairs",
@@ -89,5 +90,5 @@ __all__ = [
     "map_probes", "multi_evidence_probes", "one_probe", "passage_containing",
     "patch", "port_probes", "position_probes", "profile", "record",
     "recorded_probe",
-    "span_probes", "stack", "tokenwise", "UNPATCHED", "with_unpatched",
+    "span_probes", "stack", "tokenwise", "with_unpatched",
 ]

@@ -123,10 +123,10 @@ def clean_forward_and_probes(model: nn.Module, variables: Any, site: Site,
   L+ and exact match (`engine.clean_run_and_intervened`); all K probes form one
   vmapped chunk, with one more row that edits no port (`engine.with_unpatched`): its
   L_int is L−, so the run on D− whose port the probes patch is also the one that gives
-  L−, and its probe-independent part is differentiated once (a separate run on D− was
-  merged with it in the forward by XLA, not in the backward: the CER k = 1 loss gradient
-  at the smoke grid's shapes, 2 cores, 2026-11-29, went attention 50.2 → 36.2 ms,
-  memory_port 46.1 → 40.3, ssm 141 → 110 without it). `frozen` (grad_path
+  L−, and its probe-independent part is differentiated once. XLA had merged a separate
+  run on D− with the probes' in the forward, not in the backward: the CER k = 1 loss
+  gradient at the smoke grid's shapes (2 cores, 2026-11-29), separate run → this row,
+  attention 50.2 → 36.2 ms, memory_port 46.1 → 40.3, ssm 141 → 110. `frozen` (grad_path
   numerator): the recorded value is under stop_gradient, the logits keep their
   gradients.
   """
