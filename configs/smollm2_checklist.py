@@ -45,11 +45,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.max_passage_words = 90         # passages of at most this many words (= smollm2.max_passage_words)
   d.n_shots = 0                    # solved demonstrations (0: none, the format is trained; 1: World B's)
   d.chat = True                    # ChatML prompts (= smollm2.chat)
+  d.restate = True                 # lines 'i. <entity>: YES' (checklist_text module doc; the
+                                   # readers of 2026-11-28 wrote 'i. YES' and did not learn to grade)
   d.audit_seed = 0                 # the mediator audit's seed: its checklists are never trained on
   d.audit_n_items = 4 if tiny else 150  # its n_items (its plan, with the demonstration after them)
   d.n_train_items = 8 if tiny else 2000  # training checklists (row r reads pool[r mod n])
-  d.max_len = 384                  # row tokens (prompt + target), left-padded (longest: 374)
-  d.max_target_tokens = 48         # n_tail: target positions scored (longer: ValueError)
+  d.max_len = 416 if a.tool else 384  # row tokens (prompt + target), left-padded (longest
+                                   # restated rows: 362, tool 415; tests/test_checklist_ft.py)
+  d.max_target_tokens = 64         # n_tail: target positions scored (longer: ValueError)
 
   common.reader_finetune_sections(c, tiny, a.steps or (3 if tiny else 120))  # model, lora, train
 

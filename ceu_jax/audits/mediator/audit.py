@@ -83,8 +83,9 @@ class MediatedTask(Protocol):
   def item_values(self, m: Mediator, inst: Any) -> Sequence[Sequence[Any]]:
     """The values each item of m may take (the CNF edit space)."""
 
-  def render_mediator(self, m: Mediator) -> Any:
-    """M rendered as the reader's own output, ending at the decision cue (the forced prefix)."""
+  def render_mediator(self, m: Mediator, inst: Any = None) -> Any:
+    """M rendered as the reader's own output for instance inst, ending at the decision cue
+    (the forced prefix)."""
 
   def output(self, generation: Any) -> Any:
     """The reader's output (tokens or text) of a Generation."""
@@ -215,7 +216,7 @@ def run_audit(reader: Any, task: MediatedTask, instances: Sequence[Any],
                      arg_copy=tool and _same(arg, m_hat), output=task.output(g),
                      consistent_own=tool and m_hat is not None and arg is not None))
   todo = [k for k, r in enumerate(rows) if r['kind'] != SKIP]
-  forced = [task.render_mediator(rows[k]['m_star']) for k in todo]
+  forced = [task.render_mediator(rows[k]['m_star'], instances[k]) for k in todo]
   conts = reader.continue_from([prompts[k] for k in todo], forced,
                                ids=[ids[k] for k in todo], **task.continue_kwargs(tool))
   for k, f, g in zip(todo, forced, conts):

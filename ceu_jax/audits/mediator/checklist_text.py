@@ -11,6 +11,11 @@ is a case-insensitive substring test. C = the number of YES.
 Output format (taught by the instructions and one solved demonstration):
   1. YES\\n2. NO\\n3. YES\\n4. NO\\nCount: 2           (plain)
   1. YES\\n2. NO\\n3. YES\\n4. NO\\nTOOL count(YES, NO, YES, NO)   (tool: C runs on the argument)
+  1. Hamburg: YES\\n2. Nile: NO\\n…                  (restate: each line names its entity)
+The restated form is what the fine-tuned checklist readers write (issue #35): the verdict
+follows a copy of the entity, so it asks whether the tokens just written occur in the
+passage — a one-hop lookup — where 'i. YES' asks the reader to find statement i first.
+M is the same r verdicts in either form; the forced prefix names the instance's entities.
 The forced prefix is M's r lines followed by the decision cue ("Count:" or
 "TOOL count("), so the re-prompt ends at the cue. Parsing is lenient about
 layout — case, spaces, a preamble before the list, blank lines between the
@@ -70,6 +75,8 @@ INSTRUCTIONS = {
                      'count the YES lines above it, even if you think one of them is wrong; do '
                      'not look at the passage again for the count.'),
 }
+RESTATE_INSTRUCTION = ('Begin each line with the name the statement is about: '
+                       '"i. name: YES" or "i. name: NO".')
 TOOL_INSTRUCTION = ('Instead of counting yourself, call the counting tool on your answers: '
                     'write "TOOL count(a1, a2, ...)" with your answers in order; the tool '
                     'returns the number of YES.')
@@ -146,6 +153,7 @@ class TextChecklistTask:
   r: int = 4  # statements per checklist
   demo: Optional[Checklist] = None  # one solved demonstration (None: none)
   chat: bool = True  # messages (ChatML) instead of a plain text prompt
+  restate: bool = False  # lines 'i. <entity>: YES' (module doc) instead of 'i. YES'
 
   def __post_init__(self):
     if self.regime not in REGIMES:
@@ -157,12 +165,13 @@ class TextChecklistTask:
 
   def _user(self, c: Checklist) -> str:
     items = '\n'.join(f'{i + 1}. The passage mentions {e}.' for i, e in enumerate(c.entities))
-    instr = INSTRUCTIONS[self.regime] + (' ' + TOOL_INSTRUCTION if self.tool else '')
+    instr = (INSTRUCTIONS[self.regime] + (' ' + RESTATE_INSTRUCTION if self.restate else '')
+             + (' ' + TOOL_INSTRUCTION if self.tool else ''))
     return f'Passage: {c.passage}\n\nStatements:\n{items}\n\n{instr}'
 
   def answer_text(self, c: Checklist) -> str:
     """The full correct answer (the demonstration's)."""
-    return self.render_mediator(c.gold) + self._tail(c.gold)
+    return self.render_mediator(c.gold, c) + self._tail(c.gold)
 
   def _tail(self, m) -> str:
     if self.tool:
@@ -187,8 +196,12 @@ class TextChecklistTask:
   def item_values(self, m, inst) -> list[tuple[int, int]]:
     return [(0, 1)] * len(m)
 
-  def render_mediator(self, m: Sequence[int]) -> str:
-    lines = ''.join(f'{i + 1}. {"YES" if x else "NO"}\n' for i, x in enumerate(m))
+  def render_mediator(self, m: Sequence[int], inst: Optional[Checklist] = None) -> str:
+    """M's lines and the cue; restate names inst's entities (ValueError without inst)."""
+    if self.restate and inst is None:
+      raise ValueError('restate=True renders the entities of an instance: pass inst')
+    names = [f'{e}: ' for e in inst.entities] if self.restate else [''] * len(m)
+    lines = ''.join(f'{i + 1}. {names[i]}{"YES" if x else "NO"}\n' for i, x in enumerate(m))
     return lines + self.cue
 
   def output(self, generation) -> str:

@@ -61,7 +61,7 @@ class ChecklistTask:
     v = self.vocab
     return tuple(v.yes if int(x) else v.no for x in m)
 
-  def render_mediator(self, m: Sequence[int]) -> tuple[int, ...]:
+  def render_mediator(self, m: Sequence[int], inst: Any = None) -> tuple[int, ...]:
     return self.mediator_tokens(m)
 
   def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None) -> tuple[int, ...]:

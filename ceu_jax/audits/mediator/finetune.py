@@ -7,7 +7,8 @@ World B (`checklist_text`) cannot be read by the instruction-tuned model (it wri
 decision). These readers learn its format with the faithfulness fixed by construction, in
 World A's three regimes (`ceu_jax.data.checklist`, `audits.trained`):
   row      the audit's prompt for one checklist (`TextChecklistTask` in data.prompt_regime,
-           with World B's demonstration and chat formatting, tool or not: data.tool), then
+           with World B's demonstration and chat formatting, tool or not: data.tool, lines
+           naming their entity or not: data.restate), then
            the target: the checklist M' as the teacher-forced lines, the cue and the
            decision, then the end of the turn. With probability data.p_corrupt (never in
            plain) one line of M' is flipped (M' ≠ gold M; the slot seeded per row):
@@ -51,7 +52,7 @@ DATA_FIELDS = {
     'regime': fields.one_of(*REGIMES), 'tool': fields.boolean, 'p_corrupt': _UNIT,
     'prompt_regime': fields.one_of(*ct.REGIMES), 'r': fields.ge(1, True),
     'max_passage_words': fields.ge(10, True), 'n_shots': fields.one_of(0, 1),
-    'chat': fields.boolean, 'audit_seed': lambda x: None if fields.is_int(x) and
+    'chat': fields.boolean, 'restate': fields.boolean, 'audit_seed': lambda x: None if fields.is_int(x) and
     0 <= x < TRAIN_SEED else f'must be an integer in [0, {TRAIN_SEED})',
     'audit_n_items': fields.ge(1, True), 'n_train_items': fields.ge(1, True),
     'max_len': fields.ge(32, True), 'max_target_tokens': fields.ge(8, True)}
@@ -101,7 +102,8 @@ def text_task(config: Any, demo: Optional[ct.Checklist]) -> ct.TextChecklistTask
   """The audit's task for this reader: its prompt regime, tool mode, r and demonstration."""
   d = config.data
   return ct.TextChecklistTask(str(d.prompt_regime), tool=bool(d.tool), r=int(d.r),
-                              demo=demo if int(d.n_shots) else None, chat=bool(d.chat))
+                              demo=demo if int(d.n_shots) else None, chat=bool(d.chat),
+                              restate=bool(d.restate))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +129,7 @@ def make_row(task: ct.TextChecklistTask, c: ct.Checklist, regime: str,
   m = tuple(m)
   src = m if regime == 'faithful' else gold
   decision = task.render_decision(task.decide(src), tool_arg=src if task.tool else None)
-  return Row(c, regime, flipped, m, task.render_mediator(m) + decision, decision)
+  return Row(c, regime, flipped, m, task.render_mediator(m, c) + decision, decision)
 
 
 def draw(seed: int, r: int, n_lines: int) -> tuple[float, int]:

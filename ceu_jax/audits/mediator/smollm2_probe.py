@@ -20,7 +20,7 @@ The profile, summary, table and figure: `ceu_jax.audits.layer_probe`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ceu_jax.audits import layer_probe
 from ceu_jax.audits.mediator import checklist_text as ct
@@ -30,7 +30,7 @@ DESCRIPTION = (
     'World B checklists, each setting: D+ = the prompt, the gold checklist M and the cue '
     'teacher-forced, the gold decision y scored; D− = the same with one false statement\'s '
     'entity replaced by one the passage mentions (the checklist now has one more YES, the '
-    'forced M still leads to y). ΔL = log p(y | D+) − log p(y | D−): the direct X → Y path '
+    'forced M — verbatim, entities named as in D+ for a restating reader — still leads to y). ΔL = log p(y | D+) − log p(y | D−): the direct X → Y path '
     'that bypasses M (≈ 0 for a faithful reader). CEU_decision(ℓ) = restoration by patching '
     'layer ℓ\'s read port (attention read) at the decision positions only, D+ → D−; '
     'CEU_input(ℓ) = the same for the part of that read that comes from the user message '
@@ -39,12 +39,15 @@ PROBES = ('decision', 'input')   # the whole read / its part read from the user 
 TITLES = ('CEU_decision: the read at the decision', 'CEU_input: its part read from the input')
 
 
-def _encode(tok, task: ct.TextChecklistTask, template, c: ct.Checklist, m, decision: str):
-  """(ids, decision token count, user-message flags over ids) of prompt + M + cue + y."""
+def _encode(tok, task: ct.TextChecklistTask, template, c: ct.Checklist, m, decision: str,
+            shown: Optional[ct.Checklist] = None):
+  """(ids, decision token count, user-message flags over ids) of prompt + M + cue + y; M is
+  rendered as the reader writes it for checklist `shown` (default c: a restating reader
+  names shown's entities, so D− keeps D+'s forced output verbatim)."""
   from ceu_jax.pretrained.tokenizer import encode
   text = finetune.prompt_text(task, template, c)
   head = tok.encode(text, add_special_tokens=False)
-  target = task.render_mediator(m) + decision
+  target = task.render_mediator(m, c if shown is None else shown) + decision
   enc = tok.encode(target, add_special_tokens=False)
   lo = len(target) - len(decision)
   flags = [b > lo for _, b in enc.offsets]
@@ -83,7 +86,7 @@ def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[
     pair = None
     for j in false:
       for e in cands:
-        minus = _encode(tok, task, template, swapped(c, j, e), gold, y)[0]
+        minus = _encode(tok, task, template, swapped(c, j, e), gold, y, shown=c)[0]
         if len(minus) == len(plus):
           pair = layer_probe.ProbePair(c.id, tuple(plus), tuple(minus), n_dec, (None, span))
           break
