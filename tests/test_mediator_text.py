@@ -25,17 +25,30 @@ def test_build_gold_is_exact(checklists):
 
 
 @pytest.mark.parametrize('tool', [False, True])
-def test_render_parse_round_trip(checklists, tool):
-  task = ct.TextChecklistTask('detailed', tool=tool, demo=checklists[-1])
+@pytest.mark.parametrize('restate', [False, True])
+def test_render_parse_round_trip(checklists, tool, restate):
+  task = ct.TextChecklistTask('detailed', tool=tool, demo=checklists[-1], restate=restate)
   for c in checklists[:10]:
     full = task.answer_text(c)
     m, rest = task.parse_mediator(full)
     assert m == c.gold
     y, arg = task.parse_decision(rest, c, tool)
     assert y == sum(c.gold) and (arg == c.gold if tool else arg is None)
-    forced = task.render_mediator(c.gold)
+    forced = task.render_mediator(c.gold, c)
     assert full.startswith(forced) and task.parse_mediator(forced) == (c.gold, '')
     assert task.solve(task.prompt(c)) == c.gold
+    inst = task.instance(task.prompt(c))
+    assert (inst.passage, inst.entities, inst.gold) == (c.passage, c.entities, c.gold)
+    lines = forced.split('\n')[:4]
+    assert lines == [f'{i + 1}. {e + ": " if restate else ""}{"YES" if g else "NO"}'
+                     for i, (e, g) in enumerate(zip(c.entities, c.gold))]
+    assert (ct.RESTATE_INSTRUCTION in task.prompt(c)[-1][1]) == restate
+
+
+def test_restated_lines_need_the_instance(checklists):
+  task = ct.TextChecklistTask('detailed', restate=True)
+  with pytest.raises(ValueError, match='pass inst'):
+    task.render_mediator(checklists[0].gold)
 
 
 def test_lenient_and_failing_parses():
@@ -51,9 +64,10 @@ def test_lenient_and_failing_parses():
 
 
 @pytest.mark.parametrize('tool', [False, True])
-def test_text_oracles(checklists, tool):
+@pytest.mark.parametrize('restate', [False, True])
+def test_text_oracles(checklists, tool, restate):
   items, demo = checklists[:-1], checklists[-1]
-  task = ct.TextChecklistTask('max_detailed', tool=tool, demo=demo)
+  task = ct.TextChecklistTask('max_detailed', tool=tool, demo=demo, restate=restate)
   ids = [c.id for c in items]
   s = md.summarize(md.run_audit(mo.MediatorFollower(task, tool=tool, p_error=0.3), task, items,
                                 ids, tool=tool))

@@ -3,7 +3,9 @@
 Each writes a mediator M then a decision Y (tool=True: TOOL and an argument,
 the decision being C(argument)). They work with any mediated task `task` that
 offers solve(prompt) (the gold M hidden in the input), decide(m),
-render_mediator(m), render_decision(y, tool_arg) and parse_mediator(output)
+render_mediator(m, inst), render_decision(y, tool_arg) and parse_mediator(output)
+(inst = task.instance(prompt) where the task has it: a text checklist that restates
+its entities)
 (`ceu_jax.audits.mediator.checklist_world.ChecklistTask` does).
 
 * `MediatorFollower`: Y = C(M) of the M at the start of its output — its own
@@ -61,7 +63,8 @@ class _MediatorOracle(base.Reader):
 
   def full(self, prompt, id_):
     m = tuple(self.own_mediator(prompt, id_))
-    return self.task.render_mediator(m) + self._tail(prompt, m)
+    inst = self.task.instance(prompt) if hasattr(self.task, 'instance') else None
+    return self.task.render_mediator(m, inst) + self._tail(prompt, m)
 
   def _generate(self, prompts, forced, budget, stops, ids):
     out = []

@@ -61,6 +61,7 @@ _CUES = {False: re.compile(r'[\s*_`#]*count\s*[*_]*\s*[:=][*_]*', re.I),
          True: re.compile(r'[\s*_`#]*tool\s*:?\s*count\s*\(', re.I)}
 GEN_TOKENS_PER_ITEM = 25  # generation budget: tokens per checklist line ...
 GEN_TOKENS_DECISION = 20  # ... plus the decision line (module doc)
+GEN_TOKENS_RESTATED = 20  # ... plus this per line when it names its entity (restate)
 STOP = ('\nPassage:',)  # generation stop strings (module doc)
 
 INSTRUCTIONS = {
@@ -241,16 +242,22 @@ class TextChecklistTask:
     """What follows the cue: ' k', or the tool argument 'YES, NO, …)'."""
     return self._tail(tool_arg) if tool_arg is not None else f' {int(y)}'
 
-  def solve(self, prompt: Any) -> tuple[int, ...]:
-    """The gold M recomputed from a prompt (the oracle readers' hidden gold)."""
+  def instance(self, prompt: Any) -> Checklist:
+    """The checklist a prompt asks about, its gold recomputed from the passage (the oracle
+    readers' hidden input; id '')."""
     text = prompt[-1][1] if not isinstance(prompt, str) else prompt.rsplit('Passage: ', 1)[-1]
     text = text.split('Passage: ', 1)[-1]
     passage, rest = text.split('\n\nStatements:\n', 1)
-    ents = re.findall(r'^\d+\. The passage mentions (.*)\.$', rest, re.M)[:self.r]
-    return tuple(int(_mentions(passage, e)) for e in ents)
+    ents = tuple(re.findall(r'^\d+\. The passage mentions (.*)\.$', rest, re.M)[:self.r])
+    return Checklist('', passage, ents, tuple(int(_mentions(passage, e)) for e in ents))
+
+  def solve(self, prompt: Any) -> tuple[int, ...]:
+    """The gold M recomputed from a prompt (the oracle readers' hidden gold)."""
+    return self.instance(prompt).gold
 
   def generate_kwargs(self, tool: bool) -> dict:
-    return dict(max_new_tokens=GEN_TOKENS_PER_ITEM * self.r + GEN_TOKENS_DECISION, stop=STOP)
+    per_item = GEN_TOKENS_PER_ITEM + (GEN_TOKENS_RESTATED if self.restate else 0)
+    return dict(max_new_tokens=per_item * self.r + GEN_TOKENS_DECISION, stop=STOP)
 
   def continue_kwargs(self, tool: bool) -> dict:
     """After the forced cue: the count (8 tokens: ' **3**' fits) or the argument
