@@ -1,9 +1,14 @@
-"""The recorded World B mediator audit with fine-tuned checklist readers (issue #35, item 1;
-docs/runs/issue35_mediator_world_b.tar.gz): its claims are re-decided here from the recorded
-rows, probes and competence checks by the job's own `decide`, so the README's sentence
-cannot drift from the files."""
+"""The recorded World B mediator audits with fine-tuned checklist readers (issue #35, item 1;
+docs/runs/issue35_mediator_world_b*.tar.gz): their claims are re-decided here from the
+recorded rows, probes and competence checks by the job's own `decide`, so the README's
+sentences cannot drift from the files.
+
+  issue35_mediator_world_b.tar.gz          readers writing 'i. YES' (2026-11-28): not competent
+  issue35_mediator_world_b_restate.tar.gz  readers writing 'i. <entity>: YES' (2026-11-29)
+"""
 from __future__ import annotations
 
+import glob
 import json
 import os
 
@@ -12,25 +17,41 @@ import pytest
 
 from ceu_jax.audits.mediator import job
 from ceu_jax.audits.mediator import worlds
-from tests.conftest import extract_recorded_run
+from tests.conftest import RUNS_DIR, extract_recorded_run
 
-ARCHIVE = 'issue35_mediator_world_b.tar.gz'   # in docs/runs
 PAIR = 'smollm2_lora/shortcut vs faithful'
+FAITHFUL, SHORTCUT = 'smollm2_lora/faithful', 'smollm2_lora/shortcut'
+RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
+           'restate': ('issue35_mediator_world_b_restate.tar.gz', 'med_ft_restate')}
 
 
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-  w = os.path.join(extract_recorded_run(ARCHIVE, tmp_path_factory.mktemp('rec')),
-                   'mediator_smollm2_ft')
+def _load(key, tmp_path_factory):
+  archive, folder = RECORDS[key]
+  if not os.path.exists(os.path.join(RUNS_DIR, archive)):
+    pytest.skip(f'{archive} is not recorded')
+  w = os.path.join(extract_recorded_run(archive, tmp_path_factory.mktemp(key)), folder)
   return w, json.load(open(os.path.join(w, 'summary.json')))
 
 
-def test_recorded_claims_follow_from_the_recorded_rows(run):
-  w, s = run
+@pytest.fixture(scope='module')
+def line_run(tmp_path_factory):
+  return _load('line', tmp_path_factory)
+
+
+@pytest.fixture(scope='module')
+def restate_run(tmp_path_factory):
+  return _load('restate', tmp_path_factory)
+
+
+def _redecided(w, s) -> dict:
+  """{claim name: claim} decided again from the recorded unit files (every chunk)."""
   config = ml_collections.ConfigDict(s['config'])
-  rows = {k: json.load(open(os.path.join(w, 'units', f"{worlds.setting_key(v['reader'], v['tool'])}"
-                                                       '_0000.json')))
-          for k, v in s['settings'].items()}
+  rows = {}
+  for k, v in s['settings'].items():
+    files = sorted(glob.glob(os.path.join(
+        w, 'units', f"{worlds.setting_key(v['reader'], v['tool'])}_[0-9][0-9][0-9][0-9].json")))
+    rows[k] = [r for f in files for r in json.load(open(f))]
+    assert len(rows[k]) == v['n'] == s['n_items'], k
   readers = list(dict.fromkeys(v['reader'] for v in s['settings'].values()))
   found = job.decide(config, s['settings'], rows, readers, s['probes'], s['competence'])
   judged = {c.name: c for c in found}
@@ -38,19 +59,36 @@ def test_recorded_claims_follow_from_the_recorded_rows(run):
   assert set(judged) == set(recorded)
   for name, c in judged.items():
     assert (c.verdict, c.numbers) == (recorded[name]['verdict'], recorded[name]['numbers']), name
+  return judged
+
+
+def test_line_format_claims_follow_from_the_recorded_rows(line_run):
+  judged = _redecided(*line_run)
   for what in ('separates', 'probe separates', 'probe agrees'):   # neither reader competent
     assert judged[f'{PAIR}: {what}'].verdict == 'untested'
   assert 'its rows: Δ(shortcut) − Δ(faithful) +0.033' in judged[f'{PAIR}: separates'].numbers
   assert '→ not supported' in judged[f'{PAIR}: probe separates'].numbers
 
 
-def test_recorded_competence_is_chance_level_grading(run):
-  _, s = run
-  for name, acc in (('smollm2_lora/faithful', 0.125), ('smollm2_lora/shortcut', 0.075)):
+def test_line_format_competence_is_chance_level_grading(line_run):
+  _, s = line_run
+  for name, acc in ((FAITHFUL, 0.125), (SHORTCUT, 0.075)):
     c = s['competence'][name]
     assert not c['competent'] and c['n'] == 40 and c['checklist_accuracy'] == acc
     assert c['decision_parse_rate'] == 1.0                 # the format is learned
     assert abs(c['line_accuracy'] - c['line_constant']) < 0.01   # the grading is not
-  for name in ('smollm2_lora/faithful', 'smollm2_lora/shortcut'):
+  for name in (FAITHFUL, SHORTCUT):
     assert s['settings'][name]['n'] == 150
-  assert s['settings']['smollm2_lora/faithful']['F_ID']['value'] == pytest.approx(0.947, abs=5e-4)
+  assert s['settings'][FAITHFUL]['F_ID']['value'] == pytest.approx(0.947, abs=5e-4)
+
+
+def test_restated_claims_follow_from_the_recorded_rows(restate_run):
+  _redecided(*restate_run)
+
+
+def test_restated_readers_grade_the_statements(restate_run):
+  _, s = restate_run
+  assert s['config']['smollm2']['train']['data']['restate'] is True
+  c = s['competence'][FAITHFUL]
+  assert c['competent'] and c['n'] == 40 and c['checklist_accuracy'] >= 0.5
+  assert c['line_accuracy'] > c['line_constant'] + 0.3     # grading, not a constant answer
