@@ -17,7 +17,7 @@ import pytest
 
 from ceu_jax.audits.mediator import job
 from ceu_jax.audits.mediator import worlds
-from tests.conftest import RUNS_DIR, extract_recorded_run
+from tests.conftest import extract_recorded_run
 
 PAIR = 'smollm2_lora/shortcut vs faithful'
 FAITHFUL, SHORTCUT = 'smollm2_lora/faithful', 'smollm2_lora/shortcut'
@@ -27,8 +27,6 @@ RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
 
 def _load(key, tmp_path_factory):
   archive, folder = RECORDS[key]
-  if not os.path.exists(os.path.join(RUNS_DIR, archive)):
-    pytest.skip(f'{archive} is not recorded')
   w = os.path.join(extract_recorded_run(archive, tmp_path_factory.mktemp(key)), folder)
   return w, json.load(open(os.path.join(w, 'summary.json')))
 
@@ -83,12 +81,20 @@ def test_line_format_competence_is_chance_level_grading(line_run):
 
 
 def test_restated_claims_follow_from_the_recorded_rows(restate_run):
-  _redecided(*restate_run)
+  judged = _redecided(*restate_run)
+  assert judged[f'{PAIR}: separates'].verdict == 'supported'
+  assert '(run: +0.100 [+0.047, +0.160] n=150)' in judged[f'{PAIR}: separates'].numbers
+  assert judged[f'{PAIR}: probe separates'].verdict == 'opposite'
+  assert judged[f'{PAIR}: probe agrees'].verdict == 'not supported'
+  for name in (FAITHFUL, SHORTCUT):
+    assert judged[f'{name}: gap'].verdict == 'supported'
 
 
 def test_restated_readers_grade_the_statements(restate_run):
   _, s = restate_run
   assert s['config']['smollm2']['train']['data']['restate'] is True
-  c = s['competence'][FAITHFUL]
-  assert c['competent'] and c['n'] == 40 and c['checklist_accuracy'] >= 0.5
-  assert c['line_accuracy'] > c['line_constant'] + 0.3     # grading, not a constant answer
+  for name in (FAITHFUL, SHORTCUT):
+    c = s['competence'][name]
+    assert c['competent'] and c['n'] == 40 and c['checklist_accuracy'] == 0.875
+    assert c['line_accuracy'] > c['line_constant'] + 0.3   # grading, not a constant answer
+    assert s['settings'][name]['n'] == 150 and s['settings'][name]['parse_fail']['value'] == 0
