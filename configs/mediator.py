@@ -99,7 +99,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.smollm2 = b = ml_collections.ConfigDict()  # World B
   b.regimes = ('standard', 'detailed', 'max_detailed')  # prompt regimes (003)
-  b.r = 4                              # statements per checklist
+  b.r = 2 if tiny else 4               # statements per checklist (tiny: 2, plumbing only;
+                                       # a reader's generation budget grows with r)
   b.max_passage_words = 90             # passages of at most this many words
   b.n_shots = 1                        # solved demonstrations (another passage) before the item
   b.chat = True                        # ChatML prompts (the model's own template)
