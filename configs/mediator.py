@@ -116,6 +116,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     b.finetuned = fin                  # checklist readers smollm2_lora/<regime>, fine-tuned here
                                        # in W/train/<regime>[_tool] unless done (configs/
                                        # smollm2_checklist.py), each with its competence check
+    b.probe_names = 'verbatim'         # the probe's D− output: verbatim (D+'s) | follow_input
+                                       # (a restated line names D−'s entity; smollm2_probe doc)
     b.probe_items = 2 if tiny else 64  # §8.4 decision-position probe: checklists per setting,
                                        # every layer (mediator.smollm2_probe; 0: off)
     if tiny:

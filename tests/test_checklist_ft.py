@@ -185,6 +185,20 @@ def test_tiny_world_b_audits_the_fine_tuned_readers_after_their_competence_check
   assert not any('training' in m or '§8.4 probe' in m for m in logs), logs
   assert s2['settings'] == s['settings'] and s2['competence'] == s['competence']
   assert s2['probes'] == s['probes']
+  # smollm2.probe_names, a free field: resumed under follow_input, only the probes are
+  # computed again (cached apart from the verbatim ones, which stay); no unit, no training
+  with c.unlocked():
+    c.smollm2.probe_names = 'follow_input'
+  logs.clear()
+  s3 = mediator_job.run_mediator(c, w, log=logs.append)
+  assert not any('training' in m or '] unit ' in m for m in logs), logs
+  assert sum('§8.4 probe:' in m for m in logs) == 3
+  assert s3['settings'] == s['settings'] and set(s3['probes']) == set(s['probes'])
+  for k, p in s3['probes'].items():
+    stem = os.path.join(w, 'probes', k.replace('/', '_').replace(' +', '_'))
+    assert os.path.exists(stem + '.json') and os.path.exists(stem + '_follow_input.json')
+    assert all(set(x) == {'layer', 'ceu_decision'} for x in p['layers'])
+  assert 'Names follow the input' in open(os.path.join(w, 'report.md')).read()
 
 
 @needs_model
@@ -219,3 +233,62 @@ def test_decision_probe_pairs_make_one_false_statement_true():
                  in x.entities[i] for i in j)
     for k, why in skipped.items():
       assert (why == 'all_true') == all(next(x for x in plan if x.id == k).gold)
+
+
+@needs_model
+def test_probe_names_follow_input_differ_in_the_restated_line_only():
+  """smollm2.probe_names = follow_input: D−'s forced output names the swapped entity in line
+  j with D+'s verdict (NO), so D± differ in the user message and in line j's name, nowhere
+  else (prompt and output each token-aligned); the same swap as the verbatim pair where both
+  exist; only the whole-read probe. A reader that does not restate gets the verbatim pairs."""
+  from ceu_jax.audits.mediator import smollm2_probe as mp
+  from ceu_jax.pretrained import load_tokenizer
+  from ceu_jax.readers.chat import ChatTemplate, gguf_chat_template
+  tok = load_tokenizer(None)
+  tmpl = ChatTemplate.from_template(gguf_chat_template(None))
+  c = C.get_config('cpu')
+  assert c.data.restate
+  plan = F.audit_plan(c)
+  task = F.text_task(c, plan[-1])
+  follow, skipped = mp.probe_pairs(tok, task, tmpl, plan[:24], 'follow_input')
+  verbatim = {p.id: p for p in mp.probe_pairs(tok, task, tmpl, plan[:24])[0]}
+  assert len(follow) + len(skipped) == 24 and len(follow) >= 16
+  for p in follow:
+    p.check()
+    assert p.spans == (None,)
+    x = next(x for x in plan if x.id == p.id)
+    head = len(tok.encode(F.prompt_text(task, tmpl, x), add_special_tokens=False).ids)
+    d = [k for k, (a, b) in enumerate(zip(p.plus, p.minus)) if a != b]
+    inside, out = [k for k in d if k < head], [k for k in d if k >= head]
+    assert inside and out                      # the statement and the restated line
+    new = tok.decode([p.minus[k] for k in range(out[0], out[-1] + 1)]).strip()
+    old = tok.decode([p.plus[k] for k in range(out[0], out[-1] + 1)]).strip()
+    assert new in ct.entities(x.passage) and any(old in e for e in x.entities)
+    lines = [tok.decode(list(q[head:-p.answer_len])).splitlines() for q in (p.plus, p.minus)]
+    changed = [k for k, (a, b) in enumerate(zip(*lines)) if a != b]
+    assert len(lines[0]) == len(lines[1]) and len(changed) == 1   # one line, verdict kept
+    k = changed[0]
+    assert (lines[0][k], lines[1][k]) == (f'{k + 1}. {x.entities[k]}: NO', f'{k + 1}. {new}: NO')
+    if p.id in verbatim:   # the verbatim pair differs in the statement only, the same way
+      v = verbatim[p.id]
+      assert v.minus[:head] == p.minus[:head] and v.plus == p.plus
+  with pytest.raises(ValueError, match='smollm2.probe_names must be one of'):
+    mp.probe_pairs(tok, task, tmpl, plan[:2], 'names')
+  with c.unlocked():
+    c.data.restate = False
+  plain = F.text_task(c, plan[-1])
+  a, b = mp.probe_pairs(tok, plain, tmpl, plan[:8], 'follow_input')[0], mp.probe_pairs(
+      tok, plain, tmpl, plan[:8])[0]
+  assert [(p.plus, p.minus) for p in a] == [(p.plus, p.minus) for p in b]
+
+
+def test_bad_probe_names_is_refused_naming_the_field():
+  from ceu_jax.audits.mediator import worlds
+  from configs import mediator as mediator_config
+  c = mediator_config.get_config('tiny,world=smollm2,finetuned=faithful')
+  assert c.smollm2.probe_names == 'verbatim'
+  with c.unlocked():
+    c.smollm2.probe_names = 'follow'
+  with pytest.raises(ValueError, match=r"smollm2.probe_names must be one of \('verbatim', "
+                                       r"'follow_input'\), got 'follow'"):
+    worlds.make_world(c)

@@ -36,7 +36,8 @@ ROW_COLUMNS = ('setting', 'reader', 'tool', 'id', 'kind', 'skip_reason', 'gold',
                'fail_reason', 'fail_reason_star', 'stop_reason', 'stop_reason_star', 'arg_copy',
                'arg_copy_star', 'consistent_own', 'consistent_star_own', 'strong_own', 'output',
                'continuation')
-FREE_FIELDS = ('plots',)  # may change between a run and its resumption
+FREE_FIELDS = ('plots',   # may change between a run and its resumption:
+               'smollm2.probe_names')  # the §8.4 probe's pairs (cached apart), never a unit
 
 
 class MediatorJob(jobs.Job):
@@ -160,10 +161,13 @@ def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> N
              'its claims are untested.', '', mc.table(summary['competence'])]
   if summary.get('probes'):
     from ceu_jax.audits.mediator import smollm2_probe
+    names = worlds.probe_names(config)
     text += ['', '## §8.4 companion: decision-position probe with M held fixed (SmolLM2)', '',
-             smollm2_probe.DESCRIPTION, '', smollm2_probe.table(summary['probes'])]
+             smollm2_probe.DESCRIPTION + ('' if names == 'verbatim' else
+                                          smollm2_probe.FOLLOW_NOTE), '',
+             smollm2_probe.table(summary['probes'], names)]
     if config.plots:
-      smollm2_probe.layer_figure(summary['probes'], ctx.path('probe_layers'))
+      smollm2_probe.layer_figure(summary['probes'], ctx.path('probe_layers'), names)
       text += ['', '![CEU by layer](probe_layers.png)']
   if any('probe' in v for v in st.values()):
     text += ['', '## §8.4 companion: decision-position probe with M held fixed', '',

@@ -16,6 +16,14 @@ YES) read by one World B setting (a prompted or fine-tuned reader, with or witho
         D+ → D−; CEU_input(ℓ) = the same for the part of that read that comes from the
         user message (passage, statements, instructions; Π_S).
 The profile, summary, table and figure: `ceu_jax.audits.layer_probe`.
+
+Names (`smollm2.probe_names`): a restating reader's lines name their statements' entities
+(`1. Hamburg: NO`). 'verbatim' keeps D+'s forced output in D−, so D−'s line j still names
+e_j although D−'s statement j is about the swapped entity; 'follow_input' writes D−'s line j
+with the swapped entity and D+'s verdict (M's verdicts held fixed, its names following the
+input): D± then differ in the output too, outside the user message, so only the whole-read
+probe (CEU_decision) is defined there, and ΔL includes any path through the written names.
+For a reader that does not restate, both give the same pairs.
 """
 from __future__ import annotations
 
@@ -37,6 +45,18 @@ DESCRIPTION = (
     '(Π_S). CEU over non-degenerate items (ΔL ≥ ε); 95% bootstrap CIs over items.')
 PROBES = ('decision', 'input')   # the whole read / its part read from the user message
 TITLES = ('CEU_decision: the read at the decision', 'CEU_input: its part read from the input')
+NAMES = ('verbatim', 'follow_input')   # smollm2.probe_names (module doc)
+FOLLOW_NOTE = (' Names follow the input (smollm2.probe_names = follow_input): D−\'s restated '
+               'line j names the swapped entity with D+\'s verdict, so D± also differ in the '
+               'forced output and only CEU_decision is defined; ΔL includes any path through '
+               'the written names.')
+
+
+def probes_of(names: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(probe names, panel titles) under smollm2.probe_names `names`."""
+  if names not in NAMES:
+    raise ValueError(f'smollm2.probe_names must be one of {NAMES}, got {names!r}')
+  return (PROBES, TITLES) if names == 'verbatim' else (PROBES[:1], TITLES[:1])
 
 
 def _encode(tok, task: ct.TextChecklistTask, template, c: ct.Checklist, m, decision: str,
@@ -69,10 +89,13 @@ def swapped(c: ct.Checklist, j: int, entity: str) -> ct.Checklist:
   return dataclasses.replace(c, entities=tuple(ents), gold=tuple(gold))
 
 
-def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[ct.Checklist]
-                ) -> tuple[list[layer_probe.ProbePair], dict]:
+def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[ct.Checklist],
+                names: str = 'verbatim') -> tuple[list[layer_probe.ProbePair], dict]:
   """The checklists' (D+, D−) pairs, and {id: reason} of those skipped ('all_true': no
-  false statement; 'no_aligned_swap': no same-length replacement)."""
+  false statement; 'no_aligned_swap': no replacement that keeps D± token-aligned, the
+  prompt and the forced output each)."""
+  probes_of(names)
+  follow = names == 'follow_input'
   out, skipped = [], {}
   for c in checklists:
     gold = tuple(int(x) for x in c.gold)
@@ -86,10 +109,14 @@ def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[
     pair = None
     for j in false:
       for e in cands:
-        minus = _encode(tok, task, template, swapped(c, j, e), gold, y, shown=c)[0]
-        if len(minus) == len(plus):
-          pair = layer_probe.ProbePair(c.id, tuple(plus), tuple(minus), n_dec, (None, span))
-          break
+        x = swapped(c, j, e)
+        minus, _, span_minus = _encode(tok, task, template, x, gold, y,
+                                       shown=None if follow else c)
+        if len(minus) != len(plus) or (follow and span_minus != span):
+          continue   # (the user-message flags locate the prompt's end: both parts aligned)
+        pair = layer_probe.ProbePair(c.id, tuple(plus), tuple(minus), n_dec,
+                                     (None,) if follow else (None, span))
+        break
       if pair is not None:
         break
     if pair is None:
@@ -99,11 +126,12 @@ def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[
   return out, skipped
 
 
-def table(probes) -> str:
-  return layer_probe.table(probes, PROBES, unit='checklists')
+def table(probes, names: str = 'verbatim') -> str:
+  return layer_probe.table(probes, probes_of(names)[0], unit='checklists')
 
 
-def layer_figure(probes, stem: str) -> list[str]:
+def layer_figure(probes, stem: str, names: str = 'verbatim') -> list[str]:
+  held = 'M held fixed' if names == 'verbatim' else 'M\'s verdicts held fixed, names follow X'
   return layer_probe.layer_figure(
-      probes, PROBES, TITLES, stem,
-      '§8.4 decision-position probe, M held fixed, one statement made true (95% CI)')
+      probes, *probes_of(names), stem,
+      f'§8.4 decision-position probe, {held}, one statement made true (95% CI)')

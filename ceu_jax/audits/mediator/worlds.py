@@ -161,6 +161,8 @@ class SmolLM2World(_World):
             finetune.validate(self.train_config(f'{FINETUNED}/{r}', tool))
           except ValueError as e:
             raise ValueError(f'smollm2.train.{e}') from None
+      from ceu_jax.audits.mediator import smollm2_probe
+      smollm2_probe.probes_of(probe_names(config))   # ValueError naming the field
 
   def train_config(self, name: str, tool: bool):
     """The fine-tune config of reader smollm2_lora/<regime>: `smollm2.train` with this regime
@@ -190,10 +192,12 @@ class SmolLM2World(_World):
     """SPEC §8.4: the decision-position probe (`mediator.smollm2_probe`) of every setting on
     the first smollm2.probe_items checklists, a layer profile; {} when off (0 or absent).
     Per setting cached in W/probes/<setting>.json (per-item numbers and what they were
-    computed for: setting, checkpoint step, checklists, ε)."""
+    computed for: setting, checkpoint step, checklists, ε); under smollm2.probe_names =
+    follow_input in W/probes/<setting>_follow_input.json (`smollm2_probe` module doc)."""
     n = int(self.config.smollm2.get('probe_items', 0))
     if not n:
       return {}
+    names = probe_names(self.config)
     from ceu_jax.audits import layer_probe
     from ceu_jax.audits.mediator import smollm2_probe as sp
     from ceu_jax.engine.scores import DEFAULT_EPS
@@ -204,14 +208,17 @@ class SmolLM2World(_World):
         key = dict(setting=setting(name, tool), step=self._run(name, tool)['step'] if ft else 0,
                    items=[c.id for c in items], eps=DEFAULT_EPS, n_layers=int(b.n_layers),
                    gguf_path=str(b.gguf_path))
-        path = os.path.join(self.workdir, 'probes', f'{setting_key(name, tool)}.json')
+        suffix = ''
+        if names != 'verbatim':
+          key['names'], suffix = names, f'_{names}'
+        path = os.path.join(self.workdir, 'probes', f'{setting_key(name, tool)}{suffix}.json')
         got = io.read_json(path) if os.path.exists(path) else None
         if got is None or got.get('key') != key:
           params, mc, tok, template = self._weights(name, tool)
           self.log(f'§8.4 probe: {setting(name, tool)} on {len(items)} checklists, every layer')
           t0 = time.time()
-          pairs, skipped = sp.probe_pairs(tok, self.task(name, tool), template, items)
-          per = layer_probe.per_item(params, mc, pairs, sp.PROBES, eps=DEFAULT_EPS,
+          pairs, skipped = sp.probe_pairs(tok, self.task(name, tool), template, items, names)
+          per = layer_probe.per_item(params, mc, pairs, sp.probes_of(names)[0], eps=DEFAULT_EPS,
                                      progress=lambda i, m, k=setting(name, tool):
                                      self.log(f'  probe {k}: {i}/{m} checklists'))
           per['skipped'] = skipped
@@ -277,6 +284,11 @@ class SmolLM2World(_World):
       from ceu_jax import readers
       self._model = readers.from_config(self.config.smollm2)
     return self._model
+
+
+def probe_names(config) -> str:
+  """smollm2.probe_names ('verbatim' when absent: runs made before the field existed)."""
+  return str(config.smollm2.get('probe_names', 'verbatim'))
 
 
 def setting(name: str, tool: bool) -> str:
