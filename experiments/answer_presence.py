@@ -21,7 +21,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.', required=Tr
 
 def main(argv):
   del argv
-  s = job.run_answer_presence(_CONFIG.value, _WORKDIR.value)
+  from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
+  with loop.exit_codes():   # a reader's training stopped by SIGTERM: 75, resumable
+    s = job.run_answer_presence(_CONFIG.value, _WORKDIR.value)
   for b, x in s['baselines'].items():
     if b != 'B1':
       print(f"{b}: {x['n_kept']} records, skipped {x['skipped'] or 'none'}, buckets {x['buckets']}")

@@ -22,7 +22,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.', required=Tr
 
 def main(argv):
   del argv
-  s = mediator_job.run_mediator(_CONFIG.value, _WORKDIR.value)
+  from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
+  with loop.exit_codes():   # a reader's fine-tune stopped by SIGTERM: 75, resumable
+    s = mediator_job.run_mediator(_CONFIG.value, _WORKDIR.value)
   for name, x in s['settings'].items():
     f = lambda a: 'n/a' if a['value'] is None else f"{a['value']:.3f}"
     d = x['delta']

@@ -22,7 +22,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.', required=Tr
 
 def main(argv):
   del argv
-  s = trace_job.run_trace_sensitivity(_CONFIG.value, _WORKDIR.value)
+  from ceu_jax.train import loop  # pylint: disable=g-import-not-at-top
+  with loop.exit_codes():   # a reader's fine-tune stopped by SIGTERM: 75, resumable
+    s = trace_job.run_trace_sensitivity(_CONFIG.value, _WORKDIR.value)
   for name, r in s['readers'].items():
     a, i = r['all'], r['identity']
     print(f"{name}: φ {tsum.fmt(a['phi'])}, ρ {tsum.fmt(a['rho'])}, follow "

@@ -117,3 +117,21 @@ def test_tiny_world_b(tmp_path):
     assert x['n'] == 2 and x['F_Strong']['value'] <= x['F_ID']['value']
     assert x['n_COR'] + x['n_CNF'] == x['n_audited']
   assert os.path.exists(os.path.join(wd, 'plan.json'))
+
+
+def test_sigterm_during_a_readers_training_exits_75_with_one_line(tmp_path):
+  """A job that trains its readers, stopped by SIGTERM during a training: the checkpoint
+  is saved, the process exits with code 75 and says how to resume, without a traceback."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from tests.test_multiprocess_helpers import REPO, fast_compile_env  # pylint: disable=g-import-not-at-top
+  w = tmp_path / 'w'
+  p = subprocess.run([sys.executable, '-m', 'experiments.mediator',
+                      '--config=configs/mediator.py:tiny', f'--workdir={w}',
+                      '--config.atr.train.train.debug_kill=sigterm:2'], cwd=REPO,
+                     env=fast_compile_env(dict(os.environ)), capture_output=True, text=True,
+                     timeout=600, check=False)
+  assert p.returncode == 75, p.stderr[-3000:]
+  assert ('stopped by signal 15 after step 2; checkpoint saved; rerun the same command to '
+          'resume; exiting with code 75') in p.stderr
+  assert 'Traceback' not in p.stderr

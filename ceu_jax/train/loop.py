@@ -64,12 +64,14 @@ class Diverged(Exception):
 
 @contextlib.contextmanager
 def exit_codes():
-  """For a training entry point's `main`: a preempted run exits with EXIT_PREEMPTED (rerun
-  the command to resume), a diverged one with EXIT_DIVERGED and its reason on stderr."""
+  """For an entry point's `main` that trains (itself, or readers inside a job): a preempted
+  run exits with EXIT_PREEMPTED (rerun the command to resume), a diverged one with
+  EXIT_DIVERGED and its reason on stderr."""
   try:
     yield
   except Preempted as e:
-    logging.warning("%s; exiting with code %d", e, EXIT_PREEMPTED)
+    logging.warning("%s; rerun the same command to resume; exiting with code %d", e,
+                    EXIT_PREEMPTED)
     logging.flush()
     sys.exit(EXIT_PREEMPTED)
   except Diverged as e:
