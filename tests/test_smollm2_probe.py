@@ -179,3 +179,17 @@ def test_probe_claims_decided_by_rule():
   assert got[f'{pre}: probe separates'].verdict == claims.OPPOSITE
   # no pair, no claims
   assert verdicts.probe_claims(['smollm2', 'smollm2_following'], probes, beh, seed=0) == []
+
+
+@pytest.mark.parametrize('names', [('decision',), ('decision', 'input')])
+def test_table_rows_have_as_many_cells_as_the_header(names):
+  """One probe (mediator probe_names = follow_input) or two: header, rule and rows agree."""
+  from ceu_jax.audits import layer_probe
+  rng = np.random.default_rng(0)
+  items = dict(ids=[f'i{k}' for k in range(6)], layers=2, delta_L=[0.5] * 6,
+               degenerate=[False] * 6,
+               ceu={q: rng.uniform(size=(2, 6)).tolist() for q in names})
+  text = layer_probe.table({'r': layer_probe.summarize(items)}, names, unit='checklists')
+  lines = text.splitlines()
+  assert len(lines) == 3 and len({ln.count('|') for ln in lines}) == 1, lines
+  assert lines[0].count('|') == 7 + 2 * (len(names) - 1)

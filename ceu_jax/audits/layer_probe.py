@@ -168,10 +168,11 @@ def table(probes: Mapping[str, dict], names: Sequence[str], unit: str = 'items')
   from ceu_jax.metrics.resampling import fmt_ci
   fmt = lambda a: fmt_ci(a or None)  # noqa: E731
   first, rest = f'ceu_{names[0]}', [f'ceu_{q}' for q in names[1:]]
-  lines = [f'| reader | {unit} | n | degenerate | ΔL (nats) [95% CI] | CEU_{names[0]} peak: '
-           'layer, value [95% CI] (n) | ' + ''.join(f'CEU_{q[4:]} there | CEU_{q[4:]} peak | '
-                                                    for q in rest).rstrip(' |') + ' |',
-           '|---|---|---:|---:|---|---|' + '---|---|' * len(rest)]
+  head = [f'CEU_{names[0]} peak: layer, value [95% CI] (n)']
+  for q in rest:
+    head += [f'CEU_{q[4:]} there', f'CEU_{q[4:]} peak']
+  lines = [f'| reader | {unit} | n | degenerate | ΔL (nats) [95% CI] | ' + ' | '.join(head)
+           + ' |', '|---|---|---:|---:|---|---|' + '---|---|' * len(rest)]
   for r, p in probes.items():
     for st, c in [('all', p)] + sorted(p.get('by_stratum', {}).items()):
       a = peak(c, first)
