@@ -5,6 +5,9 @@ sentences cannot drift from the files.
 
   issue35_mediator_world_b.tar.gz          readers writing 'i. YES' (2026-11-28): not competent
   issue35_mediator_world_b_restate.tar.gz  readers writing 'i. <entity>: YES' (2026-11-29)
+  issue35_mediator_world_b_restate_follow.tar.gz  the same run resumed with the §8.4 probe's
+      restated names following the input (smollm2.probe_names = follow_input): its summary,
+      report and per-item probes; the rows are the restated run's
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ from tests.conftest import extract_recorded_run
 PAIR = 'smollm2_lora/shortcut vs faithful'
 FAITHFUL, SHORTCUT = 'smollm2_lora/faithful', 'smollm2_lora/shortcut'
 RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
-           'restate': ('issue35_mediator_world_b_restate.tar.gz', 'med_ft_restate')}
+           'restate': ('issue35_mediator_world_b_restate.tar.gz', 'med_ft_restate'),
+           'follow': ('issue35_mediator_world_b_restate_follow.tar.gz', 'med_ft_restate_follow')}
 
 
 def _load(key, tmp_path_factory):
@@ -98,3 +102,26 @@ def test_restated_readers_grade_the_statements(restate_run):
     assert c['competent'] and c['n'] == 40 and c['checklist_accuracy'] == 0.875
     assert c['line_accuracy'] > c['line_constant'] + 0.3   # grading, not a constant answer
     assert s['settings'][name]['n'] == 150 and s['settings'][name]['parse_fail']['value'] == 0
+
+
+def test_probe_with_names_following_the_input_still_opposite(restate_run, tmp_path_factory):
+  """The untested reading of the restated run's 'probe separates: opposite' (the verbatim
+  output keeps D+'s entity name in D−, hiding a path through the written names) tested:
+  with the names following the input the claims are re-decided from the same rows and the
+  follow_input probes; the faithful reader's ΔL is still the larger one."""
+  w, s = _load('follow', tmp_path_factory)
+  assert s['config']['smollm2']['probe_names'] == 'follow_input'
+  assert s['settings'] == restate_run[1]['settings']     # the same audit, only the probe differs
+  judged = _redecided(restate_run[0], s)                 # rows: the restated run's units
+  assert judged[f'{PAIR}: separates'].verdict == 'supported'
+  assert judged[f'{PAIR}: probe separates'].verdict == 'opposite'
+  assert '-0.122 [-0.276, -0.024] nats (56 items)' in judged[f'{PAIR}: probe separates'].numbers
+  assert judged[f'{PAIR}: probe agrees'].verdict == 'not supported'
+  for name in (FAITHFUL, SHORTCUT):
+    p = s['probes'][name]
+    assert p['n'] == 56 and all(set(x) == {'layer', 'ceu_decision'} for x in p['layers'])
+    per = json.load(open(os.path.join(w, 'probes', worlds.setting_key(name, False)
+                                      + '_follow_input.json')))
+    assert per['key']['names'] == 'follow_input' and len(per['items']['ids']) == 56
+  assert s['probes'][FAITHFUL]['delta_L']['value'] > restate_run[1]['probes'][FAITHFUL][
+      'delta_L']['value']
