@@ -26,7 +26,8 @@ PAIR = 'smollm2_lora/shortcut vs faithful'
 FAITHFUL, SHORTCUT = 'smollm2_lora/faithful', 'smollm2_lora/shortcut'
 RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
            'restate': ('issue35_mediator_world_b_restate.tar.gz', 'med_ft_restate'),
-           'follow': ('issue35_mediator_world_b_restate_follow.tar.gz', 'med_ft_restate_follow')}
+           'follow': ('issue35_mediator_world_b_restate_follow.tar.gz', 'med_ft_restate_follow'),
+           'plain': ('issue35_mediator_world_b_restate_plain.tar.gz', 'med_ft_restate_plain')}
 
 
 def _load(key, tmp_path_factory):
@@ -125,3 +126,17 @@ def test_probe_with_names_following_the_input_still_opposite(restate_run, tmp_pa
     assert per['key']['names'] == 'follow_input' and len(per['items']['ids']) == 56
   assert s['probes'][FAITHFUL]['delta_L']['value'] > restate_run[1]['probes'][FAITHFUL][
       'delta_L']['value']
+
+
+def test_plain_reader_is_competent_and_shows_the_gap(tmp_path_factory):
+  """The plain checklist reader (restated lines, never corrupted in training): competent,
+  003's gap supported, the asymmetry untested (a cell is absent), re-decided from its rows."""
+  w, s = _load('plain', tmp_path_factory)
+  judged = _redecided(w, s)
+  plain = 'smollm2_lora/plain'
+  c = s['competence'][plain]
+  assert c['competent'] and c['n'] == 40 and c['checklist_accuracy'] == 1.0
+  assert judged[f'{plain}: gap'].verdict == 'supported'
+  assert 'Δ +0.233 [+0.167, +0.300] n=150' in judged[f'{plain}: gap'].numbers
+  assert judged[f'{plain}: asymmetry'].verdict == 'untested'
+  assert s['probes'][plain]['n'] == 56
