@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -112,3 +113,13 @@ def test_bad_arguments(tmp_path, kw, message):
   with pytest.raises(ValueError, match=message):
     _load(tmp_path, **kw)
   assert not list(tmp_path.iterdir())
+
+
+def test_a_build_leaves_no_temporary_directory(tmp_path, monkeypatch):
+  """tfds' bucket lookup (skipped: tfds_local) made an empty tmp*tfds directory per builder
+  constructed over an unprepared directory and never removed it."""
+  system_tmp = tmp_path / "system_tmp"
+  system_tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+  _load(tmp_path / "data", num_examples=8)
+  assert list(system_tmp.iterdir()) == []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -221,3 +222,12 @@ def test_config_file():
     for name in (c.cer.corruption, *c.eval.corruptions):
       factqa.corrupt(cfg, factqa.example_batch(cfg, 0, [factqa.load(cfg, "eval").usable[0]],
                                                "eval"), name, 0)
+
+
+def test_a_first_build_leaves_no_temporary_directory(tmp_path, monkeypatch):
+  """tfds' bucket lookup (skipped: tfds_local) left an empty tmp*tfds directory behind."""
+  system_tmp = tmp_path / "system_tmp"
+  system_tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+  assert builder.load_split("test", cache_dir=tmp_path / "cache")
+  assert list(system_tmp.iterdir()) == []

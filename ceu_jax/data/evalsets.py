@@ -45,7 +45,7 @@ import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
-from ceu_jax.data import atr, corruptions as corr, tasks
+from ceu_jax.data import atr, corruptions as corr, tasks, tfds_local
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import RetrievalBatch
 
@@ -231,7 +231,7 @@ class AtrEvalSet(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     plus = _plus_features(self._atr)
     minus = {name: {f: plus[f] for f in MINUS_FIELDS} for name in self._names}
-    return tfds.core.DatasetInfo(
+    return tfds_local.local_dataset_info(
         builder=self, description="Fixed ATR-insert evaluation set (ceu-jax).",
         features=tfds.features.FeaturesDict(dict(plus=plus, minus=minus)),
         disable_shuffling=True,

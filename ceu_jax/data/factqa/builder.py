@@ -15,6 +15,7 @@ import os
 import pathlib
 from typing import Any, Iterator, Optional
 
+from ceu_jax.data import tfds_local
 from ceu_jax.data.factqa import storage
 
 SPLITS = ("train", "validation", "test")
@@ -46,7 +47,7 @@ def _builder_class():
       super().__init__(**kwargs)
 
     def _info(self):
-      return tfds.core.DatasetInfo(
+      return tfds_local.local_dataset_info(
           builder=self,
           description=__doc__,
           features=tfds.features.FeaturesDict({
