@@ -50,8 +50,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.audit_seed = 0                 # the mediator audit's seed: its checklists are never trained on
   d.audit_n_items = 4 if tiny else 150  # its n_items (its plan, with the demonstration after them)
   d.n_train_items = 8 if tiny else 2000  # training checklists (row r reads pool[r mod n])
-  d.max_len = 416 if a.tool else 384  # row tokens (prompt + target), left-padded (longest
-                                   # restated rows: 362, tool 415; tests/test_checklist_ft.py)
+  d.max_len = 384                  # row tokens (prompt + target) without the tool, left-
+                                   # padded (longest restated row: 362; tests/test_checklist_ft.py)
+  d.max_len_tool = 416             # the same with the tool (longest: 415); a run checks every
+                                   # training row against its length before it compiles
   d.max_target_tokens = 64         # n_tail: target positions scored (longer: ValueError)
 
   common.reader_finetune_sections(c, tiny, a.steps or (3 if tiny else 120))  # model, lora, train

@@ -36,6 +36,18 @@ def test_config_errors_name_the_field():
     C.get_config('tiny,regime=honest')
 
 
+def test_check_fit_names_the_field_the_longest_row_and_the_length_needed():
+  enc = [([1] * 5, 2, []), ([1] * 9, 4, []), ([1] * 7, 3, [])]
+  F.sft.check_fit(enc, 9, 4, ['a', 'b', 'c'])                        # everything fits
+  with pytest.raises(ValueError, match=r'^data.max_len=6 is too short for the 3 training rows: '
+                     r'2 of them have a longer row \(the longest: 9 tokens, item b\); '
+                     r'data.max_len must be >= 9$'):
+    F.sft.check_fit(enc, 6, 4, ['a', 'b', 'c'])
+  with pytest.raises(ValueError, match=r'^data.max_target_tokens=3 .* 1 of them has a longer '
+                     r'target \(the longest: 4 tokens, item b\); data.max_target_tokens must be >= 4$'):
+    F.sft.check_fit(enc, 9, 3, ['a', 'b', 'c'])
+
+
 def test_line_accuracy_by_hand():
   """Lines right over all gold lines (an unparsed or short M̂ counts every line wrong) and
   the constant answer's share, on rows whose answers are known."""
@@ -122,6 +134,34 @@ def test_row_tokens_are_the_readers_prompt_then_the_target():
   batch = F.sft.pack([F.row_tokens(tok, task, tmpl, F.training_row(c, task, pool, r))
                       for r in range(4)], 384, 48, ['a', 'b', 'c', 'd'])
   assert batch['tokens'].shape == (4, 384) and batch['loss_mask'].sum(1).min() > 8
+
+
+@needs_model
+@pytest.mark.parametrize('tool', [False, True])
+def test_every_training_row_of_the_mediator_recipe_fits_before_training(tool):
+  """The mediator job's `:full` recipe with and without the tool: all 480 training rows fit
+  (checked by the task's validate, as the training loop calls it); with one token less than
+  the longest row the run is refused naming the field and the length needed. (The tool
+  readers had inherited the no-tool length, 384, and stopped at step 20 of 120.)"""
+  from ceu_jax.audits.mediator import worlds
+  from ceu_jax.pretrained import load_tokenizer
+  from configs import mediator
+  tok = load_tokenizer(None)
+  m = mediator.get_config(f'full,world=smollm2,finetuned=faithful,tools={"on" if tool else "off"}')
+  tc = worlds.SmolLM2World(m).train_config('smollm2_lora/faithful', tool)
+  assert F.row_len(tc) == ((416, 'data.max_len_tool') if tool else (384, 'data.max_len'))
+  task = F.SmolLM2ChecklistTask.from_config(tc, load=lambda: (None, {'params': {}}, tok))
+  task.validate(tc)
+  rows = task.train_rows(0, int(tc.train.num_steps) * int(tc.train.batch_size))
+  longest = max(len(task.encode(r)[0]) for r in rows)
+  assert len(rows) == 480 and longest <= F.row_len(tc)[0]
+  field = 'max_len_tool' if tool else 'max_len'
+  with tc.unlocked():
+    tc.data[field] = longest - 1
+  with pytest.raises(ValueError, match=rf'data.{field}={longest - 1} is too short for the 480 '
+                     rf'training rows: 1 of them has a longer row \(the longest: {longest} '
+                     rf'tokens, item .+\); data.{field} must be >= {longest}'):
+    task.validate(tc)
 
 
 @needs_model

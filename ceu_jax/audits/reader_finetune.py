@@ -60,6 +60,24 @@ class TargetLoss:
   def n_tail(self) -> int:
     return int(self.config.data.max_target_tokens)
 
+  def check_rows_fit(self, config: Any) -> None:
+    """ValueError naming data.max_len / data.max_target_tokens and the length needed when
+    any training row of the run (num_steps × batch_size rows) does not fit: checked by the
+    task's validate, before anything compiles (not at the step that reaches the row)."""
+    n = int(config.train.num_steps) * int(config.train.batch_size)
+    rows = self.train_rows(0, n)
+    sft.check_fit([self.encode(r) for r in rows], self.max_len(config), self.n_tail,
+                  [self.row_name(r) for r in rows], len_field=self.len_field(config))
+
+  def max_len(self, config: Any) -> int:
+    """Row tokens (prompt + target) of a training batch."""
+    return int(config.data.max_len)
+
+  def len_field(self, config: Any) -> str:
+    """The config field that sets `max_len` (named in errors)."""
+    del config
+    return 'data.max_len'
+
   def loss(self, params: Any, frozen: Any, batch: dict, rng: Any):
     del rng
     return sft.target_loss(params, frozen, batch, config=self.model_config, lora=self.lora,

@@ -25,6 +25,23 @@ from ceu_jax.pretrained.model import SmolLMConfig
 Encoded = tuple[list[int], int, list[bool]]   # (ids, n_target, answer flags over the target)
 
 
+def check_fit(encoded: Sequence[Encoded], max_len: int, n_tail: int, names: Sequence[str],
+              len_field: str = 'data.max_len', tail_field: str = 'data.max_target_tokens',
+              what: str = 'training rows') -> None:
+  """ValueError naming the field, the longest row and the length it needs when any row is
+  longer than max_len tokens or its target longer than n_tail (a run checks all its rows
+  this way before anything compiles; `pack` would stop at the first such row mid-run)."""
+  for i, field, limit in ((0, len_field, max_len), (1, tail_field, n_tail)):
+    need = [len(e[0]) if i == 0 else e[1] for e in encoded]
+    if need and max(need) > limit:
+      j = int(np.argmax(need))
+      part = 'row' if i == 0 else 'target'
+      k = sum(n > limit for n in need)
+      raise ValueError(f'{field}={limit} is too short for the {len(need)} {what}: {k} of '
+                       f'them {"has" if k == 1 else "have"} a longer {part} (the longest: '
+                       f'{need[j]} tokens, item {names[j]}); {field} must be >= {need[j]}')
+
+
 def pack(encoded: Sequence[Encoded], max_len: int, n_tail: int, names: Sequence[str],
          len_field: str = 'data.max_len', tail_field: str = 'data.max_target_tokens') -> dict:
   """tokens / valid / loss_mask / answer_mask [B, max_len], left-padded; ValueError naming

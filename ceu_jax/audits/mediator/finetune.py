@@ -55,7 +55,8 @@ DATA_FIELDS = {
     'chat': fields.boolean, 'restate': fields.boolean, 'audit_seed': lambda x: None if fields.is_int(x) and
     0 <= x < TRAIN_SEED else f'must be an integer in [0, {TRAIN_SEED})',
     'audit_n_items': fields.ge(1, True), 'n_train_items': fields.ge(1, True),
-    'max_len': fields.ge(32, True), 'max_target_tokens': fields.ge(8, True)}
+    'max_len': fields.ge(32, True), 'max_len_tool': fields.ge(32, True),
+    'max_target_tokens': fields.ge(8, True)}
 EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, True),
                'min_accuracy': _UNIT, 'min_parse_rate': _UNIT,
                'best_metric': fields.one_of(*config_lib.BEST_METRICS)}
@@ -64,6 +65,17 @@ EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, Tr
 def validate(config: Any) -> None:
   """ValueError naming the field for a bad config; nothing is loaded or compiled."""
   reader_finetune.validate(config, DATA_FIELDS, EVAL_FIELDS)
+  length, field = row_len(config)
+  if config.data.max_target_tokens >= length:
+    raise ValueError(f'data.max_target_tokens must be < {field}')
+
+
+def row_len(config: Any) -> tuple[int, str]:
+  """(row tokens of a training batch, the field that sets them): data.max_len_tool for a
+  reader with the tool (its rows are longer), data.max_len otherwise."""
+  d = config.data
+  return (int(d.max_len_tool), 'data.max_len_tool') if d.tool else (int(d.max_len),
+                                                                     'data.max_len')
 
 
 # ----------------------------------------------------------------------------
@@ -209,15 +221,28 @@ class SmolLM2ChecklistTask(reader_finetune.TargetLoss, lora_lib.AdapterTask):
 
   def validate(self, config: Any) -> None:
     validate(config)
+    self.check_rows_fit(config)
 
   def train_rows(self, step: int, batch_size: int) -> list[Row]:
     return [training_row(self.config, self.task, self.pool, r)
             for r in range(step * batch_size, (step + 1) * batch_size)]
 
+  def encode(self, row: Row) -> sft.Encoded:
+    return row_tokens(self.tokenizer, self.task, self.template, row)
+
+  def row_name(self, row: Row) -> str:
+    return row.checklist.id
+
+  def max_len(self, config: Any) -> int:
+    return row_len(config)[0]
+
+  def len_field(self, config: Any) -> str:
+    return row_len(config)[1]
+
   def train_batch(self, step: int, batch_size: int) -> dict:
     rows = self.train_rows(step, batch_size)
-    return sft.pack([row_tokens(self.tokenizer, self.task, self.template, r) for r in rows],
-                    int(self.config.data.max_len), self.n_tail, [r.checklist.id for r in rows])
+    return sft.pack([self.encode(r) for r in rows], self.max_len(self.config), self.n_tail,
+                    [self.row_name(r) for r in rows], len_field=self.len_field(self.config))
 
   def reader(self, params: dict, batch_size: Optional[int] = None):
     """A SmolLM2Reader over model params (the base's, or merged adapters), chat as the task."""

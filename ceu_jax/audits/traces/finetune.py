@@ -306,10 +306,17 @@ class SmolLM2TraceTask(reader_finetune.TargetLoss, lora_lib.AdapterTask):
 
   def validate(self, config: Any) -> None:
     validate(config)
+    self.check_rows_fit(config)
 
   def train_rows(self, step: int, batch_size: int) -> list[Row]:
     return [training_row(self.config, self.domain, r, self.exclude)
             for r in range(step * batch_size, (step + 1) * batch_size)]
+
+  def encode(self, row: Row) -> sft.Encoded:
+    return row_tokens(self.tokenizer, row)
+
+  def row_name(self, row: Row) -> str:
+    return row.item.id
 
   def train_batch(self, step: int, batch_size: int) -> dict:
     return batch_arrays(self.tokenizer, self.train_rows(step, batch_size),
