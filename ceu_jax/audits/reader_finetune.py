@@ -66,17 +66,13 @@ class TargetLoss:
     task's validate, before anything compiles (not at the step that reaches the row)."""
     n = int(config.train.num_steps) * int(config.train.batch_size)
     rows = self.train_rows(0, n)
-    sft.check_fit([self.encode(r) for r in rows], self.max_len(config), self.n_tail,
-                  [self.row_name(r) for r in rows], len_field=self.len_field(config))
+    length, field = self.row_len(config)
+    sft.check_fit([self.encode(r) for r in rows], length, self.n_tail,
+                  [self.row_name(r) for r in rows], len_field=field)
 
-  def max_len(self, config: Any) -> int:
-    """Row tokens (prompt + target) of a training batch."""
-    return int(config.data.max_len)
-
-  def len_field(self, config: Any) -> str:
-    """The config field that sets `max_len` (named in errors)."""
-    del config
-    return 'data.max_len'
+  def row_len(self, config: Any) -> tuple[int, str]:
+    """(row tokens (prompt + target) of a training batch, the field that sets them)."""
+    return int(config.data.max_len), 'data.max_len'
 
   def loss(self, params: Any, frozen: Any, batch: dict, rng: Any):
     del rng

@@ -233,16 +233,14 @@ class SmolLM2ChecklistTask(reader_finetune.TargetLoss, lora_lib.AdapterTask):
   def row_name(self, row: Row) -> str:
     return row.checklist.id
 
-  def max_len(self, config: Any) -> int:
-    return row_len(config)[0]
-
-  def len_field(self, config: Any) -> str:
-    return row_len(config)[1]
+  def row_len(self, config: Any) -> tuple[int, str]:
+    return row_len(config)
 
   def train_batch(self, step: int, batch_size: int) -> dict:
     rows = self.train_rows(step, batch_size)
-    return sft.pack([self.encode(r) for r in rows], self.max_len(self.config), self.n_tail,
-                    [self.row_name(r) for r in rows], len_field=self.len_field(self.config))
+    length, field = row_len(self.config)
+    return sft.pack([self.encode(r) for r in rows], length, self.n_tail,
+                    [self.row_name(r) for r in rows], len_field=field)
 
   def reader(self, params: dict, batch_size: Optional[int] = None):
     """A SmolLM2Reader over model params (the base's, or merged adapters), chat as the task."""
