@@ -59,3 +59,26 @@ def test_benchmark_smoke_run_ends_with_target_lines(name):
   assert targets, p.stdout[-2000:]
   assert all(TARGET.match(l) for l in targets), targets
   assert lines[-len(targets):] == targets      # the TARGET lines end the output
+
+
+def test_host_bench_prints_the_cpu_and_three_workloads(capsys):
+  """benchmarks/host_bench (no targets: a calibration to quote beside a timing)."""
+  from benchmarks import host_bench  # pylint: disable=g-import-not-at-top
+  host_bench.main(["--reps", "1"])
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert re.match(r'^HOST cpu ".+" cores \d+ jax \S+ backend cpu$', lines[0]), lines
+  got = {}
+  for line in lines[1:]:
+    m = re.match(r"^HOST (\w+) (\d+\.\d{3}) (\S+)$", line)
+    assert m, line
+    got[m[1]] = (float(m[2]), m[3])
+  assert [(k, u) for k, (_, u) in got.items()] == [
+      ("compile", "s"), ("matmul", "GFLOP/s"), ("python", "ns/iter")]
+  assert all(v > 0 for v, _ in got.values())
+
+
+def test_host_bench_refuses_zero_reps(capsys):
+  from benchmarks import host_bench  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit):
+    host_bench.main(["--reps", "0"])
+  assert "--reps must be >= 1, got 0" in capsys.readouterr().err

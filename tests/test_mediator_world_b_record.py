@@ -8,6 +8,9 @@ sentences cannot drift from the files.
   issue35_mediator_world_b_restate_follow.tar.gz  the same run resumed with the §8.4 probe's
       restated names following the input (smollm2.probe_names = follow_input): its summary,
       report and per-item probes; the rows are the restated run's
+  issue35_mediator_world_b_restate_plain.tar.gz  the plain reader (restated, never corrupted)
+  issue35_mediator_world_b_tool.tar.gz     the faithful and shortcut readers with the tool
+      (restated lines, then `TOOL count(...)`; 2026-11-29): neither competent
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ FAITHFUL, SHORTCUT = 'smollm2_lora/faithful', 'smollm2_lora/shortcut'
 RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
            'restate': ('issue35_mediator_world_b_restate.tar.gz', 'med_ft_restate'),
            'follow': ('issue35_mediator_world_b_restate_follow.tar.gz', 'med_ft_restate_follow'),
-           'plain': ('issue35_mediator_world_b_restate_plain.tar.gz', 'med_ft_restate_plain')}
+           'plain': ('issue35_mediator_world_b_restate_plain.tar.gz', 'med_ft_restate_plain'),
+           'tool': ('issue35_mediator_world_b_tool.tar.gz', 'med_ft_tool')}
 
 
 def _load(key, tmp_path_factory):
@@ -140,3 +144,26 @@ def test_plain_reader_is_competent_and_shows_the_gap(tmp_path_factory):
   assert 'Δ +0.233 [+0.167, +0.300] n=150' in judged[f'{plain}: gap'].numbers
   assert judged[f'{plain}: asymmetry'].verdict == 'untested'
   assert s['probes'][plain]['n'] == 56
+
+
+def test_tool_readers_are_not_competent_so_their_claims_are_untested(tmp_path_factory):
+  """The faithful and shortcut readers with the tool (restated lines, then the tool call):
+  the format is learned (decisions parse, the argument copies the written checklist) but
+  neither grades well enough (checklist accuracy below 0.5), so every claim is untested,
+  while its rows' verdicts (behavioural and probe separation) are kept beside it."""
+  w, s = _load('tool', tmp_path_factory)
+  judged = _redecided(w, s)
+  pair, faithful, shortcut = PAIR + ' +tool', FAITHFUL + ' +tool', SHORTCUT + ' +tool'
+  assert s['config']['smollm2']['train']['data']['max_len_tool'] == 416
+  for name, acc in ((faithful, 0.425), (shortcut, 0.35)):
+    c = s['competence'][name]
+    assert not c['competent'] and c['n'] == 40 and c['checklist_accuracy'] == acc
+    assert c['decision_parse_rate'] == 1.0
+    assert c['line_accuracy'] > c['line_constant'] + 0.2    # some grading, not enough
+    assert s['settings'][name]['n'] == 150
+  assert all(c.verdict == 'untested' for c in judged.values())
+  assert 'its rows: Δ(shortcut) − Δ(faithful) +0.053' in judged[f'{pair}: separates'].numbers
+  assert '+0.082 [+0.063, +0.102] nats (56 items) → supported' in judged[
+      f'{pair}: probe separates'].numbers
+  assert s['settings'][faithful]['F_ID']['value'] == 1.0      # its decision = C(its lines)
+  assert s['settings'][faithful]['delta']['value'] == 0.0
