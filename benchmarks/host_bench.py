@@ -6,7 +6,7 @@ different days (or CI runners) against each other.
 
 The project's time goals (the main job, the test suite) are wall times "on this 2-core
 machine", but one 2-core virtual machine is not always as fast as another: the same code's
-test suite took 14:46 on 2026-11-28's host and 29:03 on 2026-11-29's (docs/tests.md). Run
+test suite took 14:46 on one session's host and 29:03 on a later session's (docs/tests.md). Run
 this beside a timing and quote its numbers with it. The three workloads are the suite's
 three kinds of work:
 
@@ -44,7 +44,7 @@ def cpu_name() -> str:
   return platform.processor() or 'unknown'
 
 
-def _program(seed: int):
+def _program():
   """A fresh loss-and-gradients function (a new Python object, so jit caches nothing):
   an 8-step scanned 2-layer MLP of width 128 with a softmax cross-entropy."""
   def loss(w1, w2, x, y):
@@ -53,7 +53,7 @@ def _program(seed: int):
       return h, jnp.mean(h ** 2)
     h, aux = jax.lax.scan(step, x, None, length=8)
     logp = jax.nn.log_softmax(h)
-    return -jnp.mean(jnp.take_along_axis(logp, y[:, None], 1)) + 1e-3 * aux.sum() + seed * 0.0
+    return -jnp.mean(jnp.take_along_axis(logp, y[:, None], 1)) + 1e-3 * aux.sum()
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
 
@@ -65,9 +65,9 @@ def compile_seconds(reps: int) -> float:
   jax.config.update('jax_enable_compilation_cache', False)
   try:
     out = []
-    for r in range(reps):
+    for _ in range(reps):
       t = time.perf_counter()
-      _program(r).lower(w, w, x, y).compile()
+      _program().lower(w, w, x, y).compile()
       out.append(time.perf_counter() - t)
   finally:
     jax.config.update('jax_enable_compilation_cache', was)
@@ -80,7 +80,7 @@ def matmul_gflops(reps: int, n: int = 1024) -> float:
   f = jax.jit(lambda p, q: p @ q)
   f(a, a).block_until_ready()
   out = []
-  for _ in range(max(reps, 1) * 5):
+  for _ in range(5 * reps):
     t = time.perf_counter()
     f(a, a).block_until_ready()
     out.append(time.perf_counter() - t)

@@ -14,6 +14,7 @@ sentences cannot drift from the files.
 """
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import os
@@ -167,3 +168,35 @@ def test_tool_readers_are_not_competent_so_their_claims_are_untested(tmp_path_fa
       f'{pair}: probe separates'].numbers
   assert s['settings'][faithful]['F_ID']['value'] == 1.0      # its decision = C(its lines)
   assert s['settings'][faithful]['delta']['value'] == 0.0
+
+
+def _line_grading(w, setting_key):
+  """(P(YES | true statement), P(YES | false), {M̂ pattern: count}, {gold pattern: count})
+  over a setting's recorded audit rows (the reader's own checklist M̂ against the gold)."""
+  rows = [r for f in sorted(glob.glob(os.path.join(w, 'units', f'{setting_key}_[0-9]*.json')))
+          for r in json.load(open(f))]
+  yes = {'0': 0, '1': 0}
+  n = {'0': 0, '1': 0}
+  for r in rows:
+    for g, m in zip(r['gold'], r['m_hat']):
+      n[g] += 1
+      yes[g] += m == '1'
+  return (yes['1'] / n['1'], yes['0'] / n['0'], collections.Counter(r['m_hat'] for r in rows),
+          collections.Counter(r['gold'] for r in rows))
+
+
+def test_tool_readers_grade_worse_than_without_the_tool_and_fall_back_on_patterns(
+    restate_run, tmp_path_factory):
+  """The README's and docs/mediator.md's line-level numbers, from the recorded rows: with
+  the tool P(YES | true) 0.73 / 0.76 and P(YES | false) 0.25 / 0.23 (without it 0.97 /
+  0.02), and M̂ = 0100 on 45 / 37 of 150 checklists where the gold is 0100 on 7."""
+  w, _ = _load('tool', tmp_path_factory)
+  for regime, (p_true, p_false, n_0100) in {'faithful': (0.732, 0.248, 45),
+                                            'shortcut': (0.762, 0.228, 37)}.items():
+    t, f, hat, gold = _line_grading(w, f'smollm2_lora_{regime}_tool')
+    assert (round(t, 3), round(f, 3)) == (p_true, p_false), regime
+    assert hat.most_common(1) == [('0100', n_0100)] and gold['0100'] == 7, regime
+  for regime, (p_true, p_false) in {'faithful': (0.973, 0.023),
+                                    'shortcut': (0.970, 0.026)}.items():
+    t, f, hat, gold = _line_grading(restate_run[0], f'smollm2_lora_{regime}')
+    assert (round(t, 3), round(f, 3)) == (p_true, p_false), regime
