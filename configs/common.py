@@ -160,6 +160,9 @@ def reader_finetune_sections(c: ml_collections.ConfigDict, tiny: bool, num_steps
   lo.targets = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
                 'down_proj')       # projections with adapters
   lo.full = False                  # full fine-tuning instead of adapters
+  lo.init_from = ''                # warm start: a completed fine-tune's workdir whose trained
+                                   # parameters start this run ('': fresh adapters; relative to
+                                   # this run's workdir; same model and lora fields)
 
   t = c.train = ml_collections.ConfigDict()
   t.batch_size = 2 if tiny else 4  # rows per step

@@ -127,6 +127,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                        # data.regime, data.tool and ties data.audit_seed,
                                        # audit_n_items, r, max_passage_words, chat, model.*,
                                        # eval.batch_size to the audit's
+    b.tool_init = 'fresh'              # a tool reader's adapters start fresh | from no_tool: the
+                                       # trained no-tool reader of its regime (W/train/<regime>,
+                                       # trained first unless done), then tool_init_steps steps
+                                       # on the tool rows (docs/mediator.md: why)
+    b.tool_init_steps = 2 if tiny else 40  # the warm-started tool readers' steps (no_tool)
     if a.steps:
       b.train.train.num_steps = a.steps
       b.train.train.warmup_steps = min(b.train.train.warmup_steps, a.steps)

@@ -9,6 +9,8 @@ and sharding.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Any, Callable, Mapping
 
@@ -24,7 +26,8 @@ MODEL_FIELDS = {'gguf_path': lambda x: None if isinstance(x, str) else 'must be 
 LORA_FIELDS = {'rank': fields.ge(1, True), 'alpha': fields.gt(0), 'full': fields.boolean,
                'targets': lambda x: None if isinstance(x, (tuple, list)) and x and all(
                    t in lora_lib.TARGETS for t in x) else
-               f'must be a non-empty subset of {lora_lib.TARGETS}'}
+               f'must be a non-empty subset of {lora_lib.TARGETS}',
+               'init_from': lambda x: None if isinstance(x, str) else 'must be a path or ""'}
 
 
 def unit(x) -> str | None:
@@ -80,6 +83,42 @@ class TargetLoss:
                            n_tail=self.n_tail)
 
 
+def init_source(config: Any, workdir: str) -> str:
+  """The workdir named by lora.init_from ('' when none): relative to `workdir`."""
+  src = str(config.lora.init_from)
+  return os.path.normpath(os.path.join(workdir, src)) if src else ''
+
+
+def warm_start(config: Any, workdir: str, task: Any, *, log: Callable[[str], None] = print
+               ) -> None:
+  """Sets task.init_tree to the trained parameters of lora.init_from's completed run (the
+  start of this run: `lora.AdapterTask.init_params`); nothing when the field is ''.
+  ValueError naming lora.init_from when that workdir holds no completed run or was trained
+  with other model or lora fields (checked before anything is restored)."""
+  from ceu_jax import workdir as workdir_lib
+  from ceu_jax.train import loop
+  src = init_source(config, workdir)
+  if not src:
+    return
+  info = workdir_lib.run_info(src)
+  if not info['completed']:
+    raise ValueError(f'lora.init_from={config.lora.init_from!r}: {src} holds no completed '
+                     f'fine-tune ({info["warning"] or "no checkpoint"})')
+  stored = workdir_lib.read_config_json(src) or {}
+  for sec in ('model', 'lora'):
+    want = {k: v for k, v in config[sec].to_dict().items() if k != 'init_from'}
+    have = {k: v for k, v in stored.get(sec, {}).items() if k != 'init_from'}
+    want = json.loads(json.dumps(want))       # tuples as the stored JSON lists
+    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if diff:
+      raise ValueError(f'lora.init_from={config.lora.init_from!r}: {src} was trained with '
+                       f'other {sec} fields: ' + ', '.join(
+                           f'{sec}.{k} {have.get(k)!r} there, {want.get(k)!r} here'
+                           for k in diff))
+  task.init_tree, step = loop.restore_trainable(task, src)
+  log(f'warm start: the trained parameters of {src} (step {step})')
+
+
 def train_unless_done(config: Any, workdir: str, task: Any, name: str, *,
                       log: Callable[[str], None] = print, fresh: bool = False) -> bool:
   """Trains `task` in `workdir` (the one loop) unless it holds a completed run (or fresh);
@@ -89,6 +128,8 @@ def train_unless_done(config: Any, workdir: str, task: Any, name: str, *,
   if not fresh and workdir_lib.run_info(workdir)['completed']:
     return False
   t0 = time.time()
+  if fresh or not workdir_lib.checkpoint_steps(workdir):   # (a resume reads its own)
+    warm_start(config, workdir, task, log=log)
   log(f'training {name} ({int(config.train.num_steps)} steps) in {workdir}')
   loop.train_and_evaluate(config, workdir, custom=task, fresh=fresh)
   log(f'trained {name} in {time.time() - t0:.0f} s')

@@ -72,6 +72,7 @@ class AdapterTask:
   config: Any
   model_config: SmolLMConfig
   base: dict
+  init_tree: Any = None   # the run's start when warm-started (`reader_finetune.warm_start`)
 
   @property
   def lora(self) -> LoRAConfig:
@@ -83,6 +84,9 @@ class AdapterTask:
     return None if self.lora.full else self.base
 
   def init_params(self, rng: jax.Array) -> Any:
+    """Fresh adapters (`init_trainable`), or init_tree when the run is warm-started."""
+    if self.init_tree is not None:
+      return self.init_tree
     return init_trainable(rng, self.model_config, self.lora, self.base)
 
 

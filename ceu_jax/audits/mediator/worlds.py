@@ -177,12 +177,31 @@ class SmolLM2World(_World):
       tc.data.chat = bool(b.chat)
       tc.model.n_layers, tc.model.gguf_path = int(b.n_layers), str(b.gguf_path)
       tc.eval.batch_size = int(b.batch_size)
+      if tool and self.warm_tool:   # from the no-tool reader of the regime (configs/mediator.py)
+        tc.lora.init_from = os.path.join('..', name.split('/')[1])
+        tc.train.num_steps = int(b.tool_init_steps)
+        tc.train.warmup_steps = min(int(tc.train.warmup_steps), tc.train.num_steps)
     return tc
+
+  @property
+  def warm_tool(self) -> bool:
+    """smollm2.tool_init: the tool readers start from the no-tool readers (ValueError
+    naming the field for another value than fresh | no_tool)."""
+    b = self.config.smollm2
+    v = b.get('tool_init', 'fresh')
+    if v not in ('fresh', 'no_tool'):
+      raise ValueError(f"smollm2.tool_init must be one of ('fresh', 'no_tool'), got {v!r}")
+    n = b.get('tool_init_steps', 1)
+    if v == 'no_tool' and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+      raise ValueError(f'smollm2.tool_init_steps must be an integer >= 1, got {n!r}')
+    return v == 'no_tool'
 
   def _run(self, name: str, tool: bool) -> dict:
     """competence.run of a fine-tuned reader (trains in W/train/<regime>[_tool] unless done)."""
     if (name, tool) not in self._runs:
       from ceu_jax.audits.mediator import competence
+      if tool and self.warm_tool:
+        self._run(name, False)      # the no-tool reader its adapters start from
       sub = os.path.join(self.workdir, 'train', name.split('/')[1] + ('_tool' if tool else ''))
       self._runs[(name, tool)] = competence.run(self.train_config(name, tool), sub,
                                                 log=self.log)
