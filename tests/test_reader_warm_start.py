@@ -106,3 +106,33 @@ def test_warm_start_begins_at_the_sources_trained_parameters(tmp_path):
   d_fresh = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
                 for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(fresh)))
   assert 0 < d_src < d_fresh
+
+
+@needs_model
+def test_teacher_forced_verdicts_equal_a_one_row_full_forward_reference():
+  """`teacher_forced.verdicts` (left-padded batches, the last n logits only) against each
+  row alone, unpadded, every position's logits, the verdict tokens found by their text
+  (SmolLM2 writes ' YES' as ' Y' 'ES': the first token decides)."""
+  import jax.numpy as jnp
+  from ceu_jax.audits.mediator import teacher_forced as TF
+  from ceu_jax.pretrained import model as M
+  cfg = C.get_config('tiny')
+  task = F.SmolLM2ChecklistTask.from_config(cfg)
+  items = task.held_out + task.pool[:1]                       # 3 checklists, 2 batches
+  got = TF.verdicts(task, task.base, items, batch_size=2)
+  assert got['n'] == 3 and [x['id'] for x in got['items']] == [c.id for c in items]
+  for c, x in zip(items, got['items']):
+    row = F.make_row(task.task, c, 'plain')
+    ids, n_t, _ = task.encode(row)
+    logits = M.SmolLM(task.model_config).apply(
+        {'params': task.base}, jnp.asarray([ids[:-1]]), jnp.ones((1, len(ids) - 1), bool))
+    logp = np.asarray(jax.nn.log_softmax(M.as_f32(logits[0]), -1))
+    words = [task.tokenizer.decode([t]).strip() for t in ids[len(ids) - n_t:]]
+    at = [len(ids) - n_t + k for k, w in enumerate(words)      # ' NO', or ' Y' of ' Y' 'ES'
+          if k and words[k - 1] == ':' and w in ('Y', 'NO')]
+    assert [words[a - len(ids) + n_t] == 'Y' for a in at] == [bool(g) for g in c.gold]
+    np.testing.assert_allclose(x['logp'], [logp[a - 1, ids[a]] for a in at], atol=1e-5)
+    assert x['right'] == [bool(np.argmax(logp[a - 1]) == ids[a]) for a in at]
+  assert got['line_accuracy'] == np.mean([x['right'] for x in got['items']])
+  with pytest.raises(ValueError, match="prompts must be one of"):
+    TF.run(cfg, '/nonexistent', prompts='both')

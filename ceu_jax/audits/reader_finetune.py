@@ -89,6 +89,23 @@ def init_source(config: Any, workdir: str) -> str:
   return os.path.normpath(os.path.join(workdir, src)) if src else ''
 
 
+def check_same_fields(config: Any, workdir: str, what: str) -> None:
+  """ValueError starting with `what` when `workdir`'s fine-tune (its config.json) was
+  trained with other model or lora fields than `config` (lora.init_from aside), naming each."""
+  from ceu_jax import workdir as workdir_lib
+  stored = workdir_lib.read_config_json(workdir)
+  if stored is None:
+    raise ValueError(f'{what}: {workdir} has no config.json (not a fine-tune workdir)')
+  for sec in ('model', 'lora'):
+    want = {k: v for k, v in config[sec].to_dict().items() if k != 'init_from'}
+    have = {k: v for k, v in stored.get(sec, {}).items() if k != 'init_from'}
+    want = json.loads(json.dumps(want))       # tuples as the stored JSON lists
+    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if diff:
+      raise ValueError(f'{what}: {workdir} was trained with other {sec} fields: ' + ', '.join(
+          f'{sec}.{k} {have.get(k)!r} there, {want.get(k)!r} here' for k in diff))
+
+
 def warm_start(config: Any, workdir: str, task: Any, *, log: Callable[[str], None] = print
                ) -> None:
   """Sets task.init_tree to the trained parameters of lora.init_from's completed run (the
@@ -104,17 +121,7 @@ def warm_start(config: Any, workdir: str, task: Any, *, log: Callable[[str], Non
   if not info['completed']:
     raise ValueError(f'lora.init_from={config.lora.init_from!r}: {src} holds no completed '
                      f'fine-tune ({info["warning"] or "no checkpoint"})')
-  stored = workdir_lib.read_config_json(src) or {}
-  for sec in ('model', 'lora'):
-    want = {k: v for k, v in config[sec].to_dict().items() if k != 'init_from'}
-    have = {k: v for k, v in stored.get(sec, {}).items() if k != 'init_from'}
-    want = json.loads(json.dumps(want))       # tuples as the stored JSON lists
-    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-    if diff:
-      raise ValueError(f'lora.init_from={config.lora.init_from!r}: {src} was trained with '
-                       f'other {sec} fields: ' + ', '.join(
-                           f'{sec}.{k} {have.get(k)!r} there, {want.get(k)!r} here'
-                           for k in diff))
+  check_same_fields(config, src, f'lora.init_from={config.lora.init_from!r}')
   task.init_tree, step = loop.restore_trainable(task, src)
   log(f'warm start: the trained parameters of {src} (step {step})')
 
