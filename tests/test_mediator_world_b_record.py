@@ -11,6 +11,9 @@ sentences cannot drift from the files.
   issue35_mediator_world_b_restate_plain.tar.gz  the plain reader (restated, never corrupted)
   issue35_mediator_world_b_tool.tar.gz     the faithful and shortcut readers with the tool
       (restated lines, then `TOOL count(...)`; 2026-11-29): neither competent
+  issue35_mediator_world_b_tool_warm.tar.gz  the same two tool readers warm-started from the
+      no-tool readers (smollm2.tool_init = no_tool, 40 steps): competent; with the teacher-
+      forced verdicts of the fresh tool and the no-tool readers (teacher_forced/*.json)
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
            'restate': ('issue35_mediator_world_b_restate.tar.gz', 'med_ft_restate'),
            'follow': ('issue35_mediator_world_b_restate_follow.tar.gz', 'med_ft_restate_follow'),
            'plain': ('issue35_mediator_world_b_restate_plain.tar.gz', 'med_ft_restate_plain'),
-           'tool': ('issue35_mediator_world_b_tool.tar.gz', 'med_ft_tool')}
+           'tool': ('issue35_mediator_world_b_tool.tar.gz', 'med_ft_tool'),
+           'warm': ('issue35_mediator_world_b_tool_warm.tar.gz', 'med_ft_tool_warm')}
 
 
 def _load(key, tmp_path_factory):
@@ -200,3 +204,58 @@ def test_tool_readers_grade_worse_than_without_the_tool_and_fall_back_on_pattern
                                     'shortcut': (0.970, 0.026)}.items():
     t, f, hat, gold = _line_grading(restate_run[0], f'smollm2_lora_{regime}')
     assert (round(t, 3), round(f, 3)) == (p_true, p_false), regime
+
+
+def test_teacher_forced_verdicts_the_fresh_tool_readers_did_not_learn_to_grade(tmp_path_factory):
+  """docs/mediator.md's teacher-forced table, recomputed from the per-item flags the runs of
+  experiments.checklist_verdicts wrote: the fresh tool readers grade badly under either
+  prompt; the no-tool readers grade well under either."""
+  w, _ = _load('warm', tmp_path_factory)
+  want = {'med_ft_tool_train_faithful_tool_same': (True, 0.775, 0.425),
+          'med_ft_tool_train_faithful_tool_no_tool': (False, 0.744, 0.275),
+          'med_ft_tool_train_shortcut_tool_same': (True, 0.769, 0.35),
+          'med_ft_restate_train_faithful_same': (False, 0.969, 0.875),
+          'med_ft_restate_train_faithful_tool': (True, 0.975, 0.925),
+          'med_ft_restate_train_shortcut_same': (False, 0.969, 0.875)}
+  for name, (tool, lines, checklists) in want.items():
+    x = json.load(open(os.path.join(w, 'teacher_forced', name + '.json')))
+    right = [r for item in x['items'] for r in item['right']]
+    assert x['n'] == len(x['items']) == 40 and x['step'] == 120 and x['tool_prompt'] is tool
+    assert round(sum(right) / len(right), 3) == lines == round(x['line_accuracy'], 3), name
+    assert round(sum(all(i['right']) for i in x['items']) / 40, 3) == checklists, name
+
+
+def test_warm_started_tool_readers_grade_but_their_arguments_do_not_follow_their_regimes(
+    tmp_path_factory):
+  """The tool readers started from the no-tool readers (40 steps on the tool rows): both
+  competent and grading the audit's statements as the no-tool readers do, but the faithful
+  reader's argument miscopies its lines (arg = M̂ 0.880) and the shortcut reader's follows
+  its written lines, not the gold its training asked for (arg* = M* 0.940): the audit finds
+  the faithful reader's gap, 'separates' is opposite, the probe separates, they disagree."""
+  w, s = _load('warm', tmp_path_factory)
+  judged = _redecided(w, s)
+  pair, faithful, shortcut = PAIR + ' +tool', FAITHFUL + ' +tool', SHORTCUT + ' +tool'
+  assert s['config']['smollm2']['tool_init'] == 'no_tool'
+  for regime in ('faithful', 'shortcut'):
+    tc = json.load(open(os.path.join(w, 'train', f'{regime}_tool', 'config.json')))
+    assert tc['lora']['init_from'] == os.path.join('..', regime)
+    assert tc['train']['num_steps'] == 40 and tc['data']['tool'] is True
+  for name, acc in ((faithful, 0.925), (shortcut, 0.9)):
+    c = s['competence'][name]
+    assert c['competent'] and c['n'] == 40 and c['checklist_accuracy'] == acc
+  for regime, (p_true, p_false) in {'faithful': (1.0, 0.04), 'shortcut': (0.983, 0.01)}.items():
+    t, f, _, _ = _line_grading(w, f'smollm2_lora_{regime}_tool')
+    assert (round(t, 3), round(f, 3)) == (p_true, p_false), regime
+  arg = {k: (round(v['arg_copy']['value'], 3), round(v['arg_copy_star']['value'], 3))
+         for k, v in s['settings'].items()}
+  assert arg == {faithful: (0.88, 0.893), shortcut: (0.933, 0.94)}
+  assert judged[f'{faithful}: gap'].verdict == 'supported'
+  assert 'Δ +0.067 [+0.033, +0.113] n=150' in judged[f'{faithful}: gap'].numbers
+  assert judged[f'{shortcut}: gap'].verdict == 'not supported'
+  assert judged[f'{pair}: separates'].verdict == 'opposite'
+  assert '-0.047 [-0.087, -0.013] n=150' in judged[f'{pair}: separates'].numbers
+  assert judged[f'{pair}: probe separates'].verdict == 'supported'
+  assert '+0.071 [+0.002, +0.152] nats (56 items)' in judged[f'{pair}: probe separates'].numbers
+  assert judged[f'{pair}: probe agrees'].verdict == 'not supported'
+  for name in (faithful, shortcut):
+    assert judged[f'{name}: tool closes the gap'].verdict == 'supported'
