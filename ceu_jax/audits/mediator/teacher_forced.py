@@ -53,15 +53,18 @@ def verdicts(task: F.SmolLM2ChecklistTask, params: dict, items: Sequence[ct.Chec
   import jax
   from ceu_jax.pretrained import model as M
   from ceu_jax.pretrained import sft
-  fwd = jax.jit(lambda p, t, v, n: M.SmolLM(task.model_config).apply(
-      {'params': p}, t, v, n_logits=n), static_argnums=3)
+  d = task.config.data
+  length, n = max(int(d.max_len), int(d.max_len_tool)), task.n_tail   # one compiled shape
+  fwd = jax.jit(lambda p, t, v: M.SmolLM(task.model_config).apply(
+      {'params': p}, t, v, n_logits=n))
   per_item = []
   for b in range(0, len(items), batch_size):
     rows = [F.make_row(task.task, c, 'plain') for c in items[b:b + batch_size]]
     enc = [task.encode(r) for r in rows]
-    length, n = max(len(e[0]) for e in enc), max(e[1] for e in enc)
-    bt = sft.pack(enc, length, n, [r.checklist.id for r in rows])
-    logits = fwd(params, bt['tokens'][:, :-1], bt['valid'][:, :-1], n)     # [B, n, V]
+    fill = batch_size - len(rows)              # the last batch: filled with copies of a row
+    bt = sft.pack(enc + enc[:1] * fill, length, n, [r.checklist.id for r in rows + rows[:1] * fill],
+                  len_field='data.max_len / data.max_len_tool')
+    logits = fwd(params, bt['tokens'][:, :-1], bt['valid'][:, :-1])        # [B, n, V]
     logp = np.asarray(jax.nn.log_softmax(M.as_f32(logits), -1))
     tgt = bt['tokens'][:, -n:]                                             # [B, n]
     for i, r in enumerate(rows):
