@@ -1,6 +1,7 @@
 """What the World B reader fine-tunes share (SmolLM2 + LoRA readers for the companion audits:
 `traces.finetune` on arithmetic traces, `mediator.finetune` on checklists): the config
-sections and their validation, and "train unless the workdir holds a completed run".
+sections and their validation, "train unless the workdir holds a completed run", and the
+warm start (lora.init_from: a run begins at a completed fine-tune's trained parameters).
 
 A fine-tune config has the sections SECTIONS: seed, data (the audit's own fields), model
 (MODEL_FIELDS), lora (LORA_FIELDS), train (the training loop's fields, no periodic
