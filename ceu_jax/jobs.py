@@ -11,7 +11,9 @@ A `Job` says what it computes; `run_job` owns everything a user can lose work to
   2. The workdir's record W/job.json ({job, config}). Absent: written. Present: it
      must name this job (else `JobMismatchError`, naming the job that owns W) and
      hold the same config up to `job.free_fields` (else `JobConfigError`, naming
-     only the fields that differ, at most MAX_FIELDS of them). A job whose
+     only the fields that differ, at most MAX_FIELDS of them); a field added to the
+     job after W was recorded (`job.added_fields`) resumes at the value the earlier
+     run ran as and is refused at any other. A job whose
      `mismatch` is 'move_aside' (the audit of a newer checkpoint) moves the
      earlier run's files to W/previous/<time>/ instead (nothing is deleted).
      Changed free fields are written back and recorded in W/provenance.json, as
@@ -80,6 +82,9 @@ class Job:
   """Base class of a resumable job; see the module docstring."""
   name: str = ""                          # identifier: W/job.json, progress lines
   free_fields: tuple[str, ...] = ()       # dotted fields that may change on resumption
+  added_fields: Mapping[str, Any] = {}    # dotted fields added after runs were recorded: the
+                                          # value a stored config without one ran as (ANY_VALUE:
+                                          # it did not matter); that value resumes, others refuse
   unit_format: str = "json"               # 'json' | 'npz' (a dict of numpy arrays)
   mismatch: str = "refuse"                # 'refuse' | 'move_aside' (a different config)
 
@@ -186,6 +191,18 @@ def _covered(field: str, free: Iterable[str]) -> bool:
   return any(field == f or field.startswith(f + ".") for f in free)
 
 
+ANY_VALUE = object()   # Job.added_fields: every value is what an earlier run ran as
+
+
+def _as_recorded(d: tuple[str, Any, Any], added: Mapping[str, Any]) -> bool:
+  """A difference that is a field added later, absent from the stored config, whose new
+  value is the one the earlier run ran as (Job.added_fields)."""
+  field, old, new = d
+  if old is not workdir_lib.ABSENT or field not in added:
+    return False
+  return added[field] is ANY_VALUE or workdir_lib.config_diff({'v': added[field]}, {'v': new}) == []
+
+
 def _fmt_fields(diff: Sequence[tuple[str, Any, Any]]) -> str:
   shown = workdir_lib.format_diff(diff[:MAX_FIELDS])
   more = len(diff) - MAX_FIELDS
@@ -218,7 +235,7 @@ def check_record(job: Job, workdir: str, *, primary: bool = True, dry: bool = Fa
   if owner != job.name:
     raise JobMismatchError(f"{workdir} holds {_a(owner)} run ({path}); this is "
                            f"{_a(job.name)} job: use another --workdir")
-  diff = workdir_lib.config_diff(old, new)
+  diff = [d for d in workdir_lib.config_diff(old, new) if not _as_recorded(d, job.added_fields)]
   fixed = [d for d in diff if not _covered(d[0], job.free_fields)]
   if fixed and job.mismatch == "move_aside":
     if dry:

@@ -92,7 +92,7 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
 
 
 def _is_empty(v: Any) -> bool:
-  return v is None or (isinstance(v, (dict, list)) and not v)
+  return v is None or v == '' or (isinstance(v, (dict, list)) and not v)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -112,7 +112,8 @@ def config_diff(stored: Any, config: Any, fields: Iterable[str] | None = None
 
   `stored`/`config`: ConfigDicts, dicts or JSON text. `fields`: only fields covered by
   these dotted prefixes (None: all). A field missing on one side shows as ABSENT;
-  None, {} and [] count as absent (an empty `model.overrides` equals none).
+  None, '', {} and [] count as absent (an empty `model.overrides` equals none; a path
+  field added later with '' for "none", e.g. `lora.init_from`, equals its absence).
   """
   old, new = flatten(_plain(stored)), flatten(_plain(config))
   keys = sorted(set(old) | set(new))

@@ -117,6 +117,26 @@ def test_free_field_change_resumes_and_is_recorded(tmp_path):
   assert last["changed_free_fields"] == [dict(field="plots", old=True, new=False)]
 
 
+class _Grown(ToyJob):
+  """The toy job after two fields were added: `mode` ('plain' is how earlier runs ran) and
+  `budget` (earlier runs did not depend on it)."""
+  added_fields = {"mode": "plain", "budget": jobs.ANY_VALUE}
+
+
+def test_a_field_added_later_resumes_an_earlier_run_only_at_the_value_it_ran_as(tmp_path):
+  w = str(tmp_path / "w")
+  jobs.run_job(ToyJob(toy_config()), w, log=lambda m: None)        # recorded before the fields
+  job = _Grown(toy_config(mode="plain", budget=7))
+  jobs.run_job(job, w, log=lambda m: None)
+  assert job.ran == []                                              # resumed: every unit done
+  with pytest.raises(jobs.JobConfigError) as e:
+    jobs.run_job(_Grown(toy_config(mode="greedy", budget=7)), w, log=lambda m: None)
+  assert e.value.fields == ["mode"]
+  with pytest.raises(jobs.JobConfigError) as e:                     # not an added field
+    jobs.run_job(ToyJob(toy_config(mode="plain")), w, log=lambda m: None)
+  assert e.value.fields == ["mode"]
+
+
 def test_another_job_in_the_workdir_is_refused_naming_the_owner(tmp_path):
   w = str(tmp_path / "w")
   jobs.run_job(ToyJob(toy_config()), w, log=lambda m: None)

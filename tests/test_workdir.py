@@ -47,6 +47,9 @@ def test_config_diff_bool_is_not_int_and_empty_is_absent():
   assert wd.config_diff({"a": {"b": 1}}, {"a": {"b": 1.0}}) == []
   assert wd.config_diff({"model": {}}, {"model": {"overrides": {}}}) == []
   assert wd.config_diff({"m": {"o": {"x": 1}}}, {"m": {}}) == [("m.o.x", 1, wd.ABSENT)]
+  assert wd.config_diff({"lora": {"rank": 8}}, {"lora": {"rank": 8, "init_from": ""}}) == []
+  assert wd.config_diff({"lora": {"init_from": "../a"}}, {"lora": {"init_from": ""}}) == [
+      ("lora.init_from", "../a", wd.ABSENT)]
 
 
 def test_classify():

@@ -40,11 +40,19 @@ FREE_FIELDS = ('plots',   # may change between a run and its resumption:
                'smollm2.probe_names')  # the §8.4 probe's pairs (cached apart), never a unit
 
 
+ADDED_FIELDS = {       # fields added after runs were recorded: the value those runs ran as
+    'smollm2.tool_init': 'fresh',                 # (2026-11-29) tool readers' fresh adapters
+    'smollm2.tool_init_steps': jobs.ANY_VALUE,    # only read under tool_init = no_tool
+    'smollm2.train.data.max_len_tool': jobs.ANY_VALUE}  # tool readers' rows (a tool fine-tune
+                                                  # recorded without it refuses on its own)
+
+
 class MediatorJob(jobs.Job):
   """The mediator audit on the one job contract: a unit is one chunk of items read
   in one setting (reader, tool): W/units/<setting>_<k>.json."""
   name = 'mediator'
   free_fields = FREE_FIELDS
+  added_fields = ADDED_FIELDS
 
   def __init__(self, config):
     self.world = worlds.make_world(config)   # validates before anything is built or written
