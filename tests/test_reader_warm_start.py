@@ -82,7 +82,7 @@ def test_warm_start_begins_at_the_sources_trained_parameters(tmp_path):
   # bad sources, refused naming the field before anything is restored or compiled
   for kw, msg in ((dict(lora__init_from='../nowhere'), 'holds no completed fine-tune'),
                   (dict(lora__init_from='../faithful', lora__rank=2),
-                   r'other lora fields: lora.rank 4 there, 2 here')):
+                   r'other model / lora fields \(there -> here\): lora.rank 4 -> 2')):
     cfg, dst = _tiny(tmp_path, 'bad', data__tool=True, **kw)
     with pytest.raises(ValueError, match=r"lora.init_from='\.\./.*" + msg):
       reader_finetune.warm_start(cfg, dst, F.SmolLM2ChecklistTask.from_config(cfg))

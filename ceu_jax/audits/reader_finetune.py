@@ -10,7 +10,6 @@ and sharding.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Callable, Mapping
@@ -97,14 +96,11 @@ def check_same_fields(config: Any, workdir: str, what: str) -> None:
   stored = workdir_lib.read_config_json(workdir)
   if stored is None:
     raise ValueError(f'{what}: {workdir} has no config.json (not a fine-tune workdir)')
-  for sec in ('model', 'lora'):
-    want = {k: v for k, v in config[sec].to_dict().items() if k != 'init_from'}
-    have = {k: v for k, v in stored.get(sec, {}).items() if k != 'init_from'}
-    want = json.loads(json.dumps(want))       # tuples as the stored JSON lists
-    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-    if diff:
-      raise ValueError(f'{what}: {workdir} was trained with other {sec} fields: ' + ', '.join(
-          f'{sec}.{k} {have.get(k)!r} there, {want.get(k)!r} here' for k in diff))
+  diff = [d for d in workdir_lib.config_diff(stored, config, fields=('model', 'lora'))
+          if d[0] != 'lora.init_from']
+  if diff:
+    raise ValueError(f'{what}: {workdir} was trained with other model / lora fields (there -> '
+                     f'here): {workdir_lib.format_diff(diff)}')
 
 
 def warm_start(config: Any, workdir: str, task: Any, *, log: Callable[[str], None] = print
