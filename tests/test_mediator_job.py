@@ -135,3 +135,21 @@ def test_sigterm_during_a_readers_training_exits_75_with_one_line(tmp_path):
   assert ('stopped by signal 15 after step 2; checkpoint saved; rerun the same command to '
           'resume; exiting with code 75') in p.stderr
   assert 'Traceback' not in p.stderr
+
+
+def test_cor_cnf_figure_names_the_settings_it_has_no_point_for(monkeypatch):
+  """A setting with a COR or CNF cell under min_cell has no point; the figure names it with
+  its cell sizes instead of dropping it silently, and every point's legend entry has its n."""
+  from ceu_jax import plotting
+  from ceu_jax.audits.mediator import plots
+  figs = []
+  monkeypatch.setattr(plotting, 'save_figure', lambda fig, stem: figs.append(fig) or [])
+  cell = lambda v: dict(value=v, ci_low=v, ci_high=v, n=20)   # noqa: E731
+  none = dict(value=None, ci_low=None, ci_high=None, n=0)
+  plots.cor_cnf_figure({
+      'a': dict(reader='a', tool=False, cons_COR=cell(0.9), cons_CNF=cell(0.5), n_COR=20, n_CNF=30),
+      'b +tool': dict(reader='b', tool=True, cons_COR=none, cons_CNF=cell(0.9), n_COR=9,
+                      n_CNF=141)}, 'unused')
+  ax = figs[0].axes[0]
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ['a (n 20 / 30)']
+  assert any('b +tool (n 9 / 141)' in t.get_text() for t in ax.texts)

@@ -1,8 +1,9 @@
 """Figures of the mediator audit (SPEC §8.3), from the `settings` section of W/summary.json.
 
 * `cor_cnf_figure`: post-intervention consistency within COR (x) against within
-  CNF (y), one point per setting with both cells (95% CI bars), the diagonal;
-  filled markers without the tool, open with it.
+  CNF (y), one point per setting with both cells (95% CI bars; n COR / CNF in the
+  legend), the diagonal; filled markers without the tool, open with it; the settings
+  without a point (a cell under min_cell) are named under the plot.
 * `fid_figure`: F_ID and F_Strong (95% CI) per setting, with and without the tool.
 PNG + PDF, written atomically.
 """
@@ -25,14 +26,20 @@ def cor_cnf_figure(settings: Mapping, stem: str) -> list[str]:
   ax = fig.add_subplot(1, 1, 1)
   ax.plot([0, 1], [0, 1], color='0.6', lw=0.8, ls='--')
   readers = sorted({s['reader'] for s in settings.values()})
+  absent = []
   for name, s in settings.items():
     x, y = s['cons_COR'], s['cons_CNF']
+    n = f"n {s.get('n_COR', '?')} / {s.get('n_CNF', '?')}"
     if x['value'] is None or y['value'] is None:
+      absent.append(f'{name} ({n})')
       continue
     c = f'C{readers.index(s["reader"]) % 10}'
     ax.errorbar(x['value'], y['value'], xerr=_err(x), yerr=_err(y), fmt='o', color=c,
                 mfc='none' if s['tool'] else c, capsize=2, lw=0.8,
-                label=name)
+                label=f'{name} ({n})')
+  if absent:   # a cell under the job's min_cell has no point: say so, never drop it silently
+    ax.text(1.02, 0.02, 'no point (a COR / CNF cell\nunder min_cell):\n' + '\n'.join(absent),
+            transform=ax.transAxes, fontsize=6, va='bottom', ha='left')
   ax.set_xlim(-0.03, 1.03)
   ax.set_ylim(-0.03, 1.03)
   ax.set_xlabel('COR consistency 1[C(M*) = Ŷ*]')
