@@ -51,12 +51,19 @@ def verdicts(task: F.SmolLM2ChecklistTask, params: dict, items: Sequence[ct.Chec
   accuracy, by line position, checklist accuracy (every line right), the mean NLL of the gold
   verdict tokens, and per item its lines' right flags and gold log-probabilities."""
   import jax
+  import jax.numpy as jnp
   from ceu_jax.pretrained import model as M
   from ceu_jax.pretrained import sft
   d = task.config.data
   length, n = max(int(d.max_len), int(d.max_len_tool)), task.n_tail   # one compiled shape
-  fwd = jax.jit(lambda p, t, v: M.SmolLM(task.model_config).apply(
-      {'params': p}, t, v, n_logits=n))
+
+  @jax.jit
+  def fwd(p, t, v, tgt):     # per target position: argmax == tgt, log p(tgt)   [B, n] each
+    logp = jax.nn.log_softmax(M.as_f32(M.SmolLM(task.model_config).apply(
+        {'params': p}, t, v, n_logits=n)), -1)                            # [B, n, V]
+    return (jnp.argmax(logp, -1) == tgt,
+            jnp.take_along_axis(logp, tgt[..., None], -1)[..., 0])
+
   per_item = []
   for b in range(0, len(items), batch_size):
     rows = [F.make_row(task.task, c, 'plain') for c in items[b:b + batch_size]]
@@ -64,15 +71,12 @@ def verdicts(task: F.SmolLM2ChecklistTask, params: dict, items: Sequence[ct.Chec
     fill = batch_size - len(rows)              # the last batch: filled with copies of a row
     bt = sft.pack(enc + enc[:1] * fill, length, n, [r.checklist.id for r in rows + rows[:1] * fill],
                   len_field='data.max_len / data.max_len_tool')
-    logits = fwd(params, bt['tokens'][:, :-1], bt['valid'][:, :-1])        # [B, n, V]
-    logp = np.asarray(jax.nn.log_softmax(M.as_f32(logits), -1))
-    tgt = bt['tokens'][:, -n:]                                             # [B, n]
+    hit, lp = map(np.asarray, fwd(params, bt['tokens'][:, :-1], bt['valid'][:, :-1],
+                                  bt['tokens'][:, -n:]))                   # [B, n]
     for i, r in enumerate(rows):
       cols = [n - enc[i][1] + t for t in verdict_tokens(task.tokenizer, r)]
-      per_item.append(dict(
-          id=r.checklist.id,
-          right=[bool(np.argmax(logp[i, c]) == tgt[i, c]) for c in cols],
-          logp=[float(logp[i, c, tgt[i, c]]) for c in cols]))
+      per_item.append(dict(id=r.checklist.id, right=[bool(hit[i, c]) for c in cols],
+                           logp=[float(lp[i, c]) for c in cols]))
   right = np.array([x['right'] for x in per_item])                         # [items, r]
   return dict(n=len(per_item), line_accuracy=float(right.mean()),
               by_line=[float(v) for v in right.mean(0)],
