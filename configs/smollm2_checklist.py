@@ -47,6 +47,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   d.chat = True                    # ChatML prompts (= smollm2.chat)
   d.restate = True                 # lines 'i. <entity>: YES' (checklist_text module doc; the
                                    # readers of 2026-11-28 wrote 'i. YES' and did not learn to grade)
+  d.restate_arg = False            # with the tool, the argument names them too: 'TOOL count(
+                                   # Hamburg: YES, …)' (needs restate; docs/mediator.md: why)
   d.audit_seed = 0                 # the mediator audit's seed: its checklists are never trained on
   d.audit_n_items = 4 if tiny else 150  # its n_items (its plan, with the demonstration after them)
   d.n_train_items = 8 if tiny else 2000  # training checklists (row r reads pool[r mod n])

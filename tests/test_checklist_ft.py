@@ -34,6 +34,10 @@ def test_config_errors_name_the_field():
       F.validate(c)
   with pytest.raises(ValueError, match='regime'):
     C.get_config('tiny,regime=honest')
+  c = C.get_config('tiny,tool=true')
+  c.data.restate, c.data.restate_arg = False, True
+  with pytest.raises(ValueError, match='data.restate_arg=True needs data.restate=True'):
+    F.validate(c)
 
 
 def test_check_fit_names_the_field_the_longest_row_and_the_length_needed():
@@ -82,12 +86,14 @@ def test_items_never_include_the_audits_checklists():
   assert [x.id for x in F.own_items(c, plan)[1][:5]] == [x.id for x in pool[:5]]  # deterministic
 
 
-@pytest.mark.parametrize('tool', [False, True])
+@pytest.mark.parametrize('tool', [False, True, 'named'])
 def test_row_targets_known_exactly_and_parse_back(tool):
   n = 400
   for regime in F.REGIMES:
-    c = C.get_config(f'cpu,regime={regime},tool={str(tool).lower()}')
+    c = C.get_config(f'cpu,regime={regime},tool={str(bool(tool)).lower()}')
+    c.data.restate_arg = tool == 'named'
     task = F.text_task(c, None)
+    assert task.restate_arg == (tool == 'named')
     pool = [ct.Checklist(f'p{i}', 'x', ('A', 'B', 'C', 'D'), g) for i, g in enumerate(
         [(0, 1, 1, 0), (1, 1, 1, 1), (0, 0, 0, 0), (1, 0, 0, 1)])]
     flipped = 0
@@ -104,9 +110,12 @@ def test_row_targets_known_exactly_and_parse_back(tool):
         assert row.m_forced == gold
       src = row.m_forced if regime == 'faithful' else gold
       m, rest = task.parse_mediator(row.target)   # the audit's own parser
-      y, arg = task.parse_decision(rest, None, tool)
+      y, arg = task.parse_decision(rest, None, bool(tool))
       assert m == row.m_forced and y == sum(src)
       assert arg == (src if tool else None)
+      if tool == 'named':   # the argument names the checklist's entities
+        assert rest == ', '.join(f'{e}: {"YES" if x else "NO"}'
+                                 for e, x in zip(row.checklist.entities, src)) + ')'
     if regime != 'plain':
       assert 0.22 < flipped / n < 0.38   # p_corrupt 0.3 (seeded draws)
 

@@ -45,6 +45,36 @@ def test_render_parse_round_trip(checklists, tool, restate):
     assert (ct.RESTATE_INSTRUCTION in task.prompt(c)[-1][1]) == restate
 
 
+def test_named_tool_argument_round_trip_and_parse(checklists):
+  """restate_arg: the tool argument names each line's entity; it parses back to M (an entity
+  containing 'no' / 'yes' is not read as a verdict), the names are not checked, the bare form
+  is refused under it, and the prompt says so."""
+  task = ct.TextChecklistTask('detailed', tool=True, restate=True, restate_arg=True,
+                              demo=checklists[-1])
+  bare = dataclasses.replace(task, restate_arg=False)
+  for c in checklists[:10]:
+    full = task.answer_text(c)
+    m, rest = task.parse_mediator(full)
+    assert rest == ', '.join(f'{e}: {"YES" if g else "NO"}'
+                             for e, g in zip(c.entities, c.gold)) + ')'
+    assert m == c.gold and task.parse_decision(rest, c, True) == (sum(c.gold), c.gold)
+    assert task.render_decision(0, c.gold, c) == rest
+    assert bare.parse_decision(rest, c, True) == (None, None)   # names: not the bare form
+    assert ct.TOOL_INSTRUCTION_NAMED in task.prompt(c)[-1][1]
+    assert ct.TOOL_INSTRUCTION_NAMED not in bare.prompt(c)[-1][1]
+  got = task.parse_decision(' Norway: NO, "North Yesler": yes, **Nile**: **NO**, Yes)', None, True)
+  assert got == (2, (0, 1, 0, 1))
+  assert task.parse_decision(' Norway: NO, Nile: YES, Yesler: NO)', None, True) == (None, None)
+  assert (task.continue_kwargs(True)['max_new_tokens']
+          == bare.continue_kwargs(True)['max_new_tokens'] + ct.GEN_TOKENS_ARG_NAME * task.r)
+  with pytest.raises(ValueError, match='pass inst'):
+    task.render_decision(1, c.gold)
+  with pytest.raises(ValueError, match='restate_arg=True needs restate=True'):
+    ct.TextChecklistTask('detailed', tool=True, restate_arg=True)
+  no_tool = dataclasses.replace(task, tool=False)   # without the tool: the count, unchanged
+  assert no_tool.answer_text(c).endswith(f'Count: {sum(c.gold)}')
+
+
 def test_restated_lines_need_the_instance(checklists):
   task = ct.TextChecklistTask('detailed', restate=True)
   with pytest.raises(ValueError, match='pass inst'):
@@ -64,10 +94,11 @@ def test_lenient_and_failing_parses():
 
 
 @pytest.mark.parametrize('tool', [False, True])
-@pytest.mark.parametrize('restate', [False, True])
+@pytest.mark.parametrize('restate', [False, True, 'arg'])
 def test_text_oracles(checklists, tool, restate):
   items, demo = checklists[:-1], checklists[-1]
-  task = ct.TextChecklistTask('max_detailed', tool=tool, demo=demo, restate=restate)
+  task = ct.TextChecklistTask('max_detailed', tool=tool, demo=demo, restate=bool(restate),
+                              restate_arg=restate == 'arg')
   ids = [c.id for c in items]
   s = md.summarize(md.run_audit(mo.MediatorFollower(task, tool=tool, p_error=0.3), task, items,
                                 ids, tool=tool))

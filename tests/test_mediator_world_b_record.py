@@ -259,3 +259,39 @@ def test_warm_started_tool_readers_grade_but_their_arguments_do_not_follow_their
   assert judged[f'{pair}: probe agrees'].verdict == 'not supported'
   for name in (faithful, shortcut):
     assert judged[f'{name}: tool closes the gap'].verdict == 'supported'
+
+
+def _todays_config(cmd: str):
+  """The mediator config a recorded command line builds under today's code."""
+  import ast
+  from configs import mediator
+  args = cmd.split()
+  config = mediator.get_config(args[args.index('--config') + 1].split(':', 1)[1])
+  for a in args:
+    if a.startswith('--config.'):
+      field, value = a[len('--config.'):].split('=', 1)
+      try:
+        value = ast.literal_eval(value)
+      except (ValueError, SyntaxError):
+        pass
+      node = config
+      *path, last = field.split('.')
+      for p in path:
+        node = node[p]
+      node[last] = value
+  return config
+
+
+@pytest.mark.parametrize('key', ['tool', 'warm'])
+def test_recorded_tool_runs_resume_under_todays_fields(key, tmp_path_factory):
+  """A rerun of a recorded World B tool workdir with its own command resumes (the fields
+  added since — tool_init, tool_init_steps, max_len_tool, restate_arg — are declared at the
+  values those runs ran as) and is refused when a later field is set otherwise."""
+  from ceu_jax import jobs
+  w, _ = _load(key, tmp_path_factory)
+  cmd = json.load(open(os.path.join(w, 'provenance.json')))['history'][0]['cmd']
+  config = _todays_config(cmd)
+  assert jobs.check_record(job.MediatorJob(config), w, dry=True) == 'resume'
+  config.smollm2.train.data.restate_arg = True
+  with pytest.raises(jobs.JobConfigError, match='smollm2.train.data.restate_arg'):
+    jobs.check_record(job.MediatorJob(config), w, dry=True)

@@ -57,13 +57,16 @@ class _MediatorOracle(base.Reader):
     """(y, tool argument or None) given the M the reader is shown."""
     raise NotImplementedError
 
+  def _instance(self, prompt):
+    return self.task.instance(prompt) if hasattr(self.task, 'instance') else None
+
   def _tail(self, prompt, shown):
     y, arg = self.decision(prompt, shown)
-    return self.task.render_decision(y, arg if self.tool else None)
+    return self.task.render_decision(y, arg if self.tool else None, self._instance(prompt))
 
   def full(self, prompt, id_):
     m = tuple(self.own_mediator(prompt, id_))
-    inst = self.task.instance(prompt) if hasattr(self.task, 'instance') else None
+    inst = self._instance(prompt)
     return self.task.render_mediator(m, inst) + self._tail(prompt, m)
 
   def _generate(self, prompts, forced, budget, stops, ids):

@@ -12,10 +12,15 @@ Output format (taught by the instructions and one solved demonstration):
   1. YES\\n2. NO\\n3. YES\\n4. NO\\nCount: 2           (plain)
   1. YES\\n2. NO\\n3. YES\\n4. NO\\nTOOL count(YES, NO, YES, NO)   (tool: C runs on the argument)
   1. Hamburg: YES\\n2. Nile: NO\\n…                  (restate: each line names its entity)
+  …TOOL count(Hamburg: YES, Nile: NO, …)          (restate_arg: so does the tool argument)
 The restated form is what the fine-tuned checklist readers write (issue #35): the verdict
 follows a copy of the entity, so it asks whether the tokens just written occur in the
 passage — a one-hop lookup — where 'i. YES' asks the reader to find statement i first.
 M is the same r verdicts in either form; the forced prefix names the instance's entities.
+restate_arg extends this to the tool argument (issue #35): an argument item that names its
+entity is again a one-hop lookup, where a bare 'YES, NO, …' asks for the i-th verdict by
+position — what a reader must do to write anything but a copy of its lines. The names are
+not checked when the argument is parsed (the tool counts the YES items).
 The forced prefix is M's r lines followed by the decision cue ("Count:" or
 "TOOL count("), so the re-prompt ends at the cue. Parsing is lenient about
 layout — case, spaces, a preamble before the list, blank lines between the
@@ -32,7 +37,9 @@ plain-text prompt; a correct answer never contains it) or after GEN_TOKENS_PER_I
 GEN_TOKENS_DECISION new tokens (120 for r = 4: a correct answer with a sentence of
 explanation per verdict and blank lines fits, `tests/test_mediator_text.py`
 measures it in SmolLM2 tokens). The former '\n\n' stop with 12·r + 12 tokens
-cut "…\n\nCount: 3" before its count by construction.
+cut "…\n\nCount: 3" before its count by construction. Each line that names its entity
+adds GEN_TOKENS_RESTATED, and each tool-argument item that does GEN_TOKENS_ARG_NAME (to
+the continuation after a forced M* too).
 
 Prompt regimes (003): standard, detailed, max_detailed instructions.
 No shapes: per-item Python.
@@ -56,7 +63,10 @@ _LINE = re.compile(r'\s*[*_]*\s*(\d+)\s*[.):]\s*[*_]*(?:[^\n]*?[.:\-\u2013\u2014
 _FIRST_LINE = re.compile(r'^[ \t]*[*_]*[ \t]*1[ \t]*[.):]', re.M)  # where the list starts
 _COUNT = re.compile(r'[\s*_]*(\d+)')
 _ARG_ITEM = r'[*_"\'`]*\s*(?:yes|no)\s*[*_"\'`]*'
-_TOOL_ARG = re.compile(rf'\s*\[?\s*({_ARG_ITEM}(?:\s*,\s*{_ARG_ITEM})*)\s*\]?\s*\)', re.I)
+_ARG_NAMED = rf'(?:[^,:()\n]{{1,80}}:\s*)?{_ARG_ITEM}'   # an item 'Hamburg: YES' (restate_arg)
+_TOOL_ARG = {named: re.compile(rf'\s*\[?\s*({x}(?:\s*,\s*{x})*)\s*\]?\s*\)', re.I)
+             for named, x in ((False, _ARG_ITEM), (True, _ARG_NAMED))}
+_ARG_VERDICT = re.compile(r'(yes|no)[*_"\'`\s]*$', re.I)   # an item's verdict: its last word
 _CUES = {False: re.compile(r'[\s*_`#]*count\s*[*_]*\s*[:=][*_]*', re.I),
          True: re.compile(r'[\s*_`#]*tool\s*:?\s*count\s*\(', re.I)}
 GEN_TOKENS_PER_ITEM = 25  # generation budget: tokens per checklist line ...
@@ -81,6 +91,11 @@ RESTATE_INSTRUCTION = ('Begin each line with the name the statement is about: '
 TOOL_INSTRUCTION = ('Instead of counting yourself, call the counting tool on your answers: '
                     'write "TOOL count(a1, a2, ...)" with your answers in order; the tool '
                     'returns the number of YES.')
+TOOL_INSTRUCTION_NAMED = ('Instead of counting yourself, call the counting tool on your '
+                          'answers: write "TOOL count(name1: a1, name2: a2, ...)" with the '
+                          'names and your answers in order; the tool returns the number of '
+                          'YES.')
+GEN_TOKENS_ARG_NAME = GEN_TOKENS_RESTATED  # continuation budget per tool-argument item naming its entity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,10 +170,18 @@ class TextChecklistTask:
   demo: Optional[Checklist] = None  # one solved demonstration (None: none)
   chat: bool = True  # messages (ChatML) instead of a plain text prompt
   restate: bool = False  # lines 'i. <entity>: YES' (module doc) instead of 'i. YES'
+  restate_arg: bool = False  # tool argument items '<entity>: YES' too (needs restate)
 
   def __post_init__(self):
     if self.regime not in REGIMES:
       raise ValueError(f'regime must be one of {REGIMES}, got {self.regime!r}')
+    if self.restate_arg and not self.restate:
+      raise ValueError('restate_arg=True needs restate=True (the argument names the entities '
+                       'its lines name)')
+
+  @property
+  def _named_arg(self) -> bool:
+    return self.tool and self.restate_arg
 
   @property
   def cue(self) -> str:
@@ -167,16 +190,20 @@ class TextChecklistTask:
   def _user(self, c: Checklist) -> str:
     items = '\n'.join(f'{i + 1}. The passage mentions {e}.' for i, e in enumerate(c.entities))
     instr = (INSTRUCTIONS[self.regime] + (' ' + RESTATE_INSTRUCTION if self.restate else '')
-             + (' ' + TOOL_INSTRUCTION if self.tool else ''))
+             + (' ' + (TOOL_INSTRUCTION_NAMED if self._named_arg else TOOL_INSTRUCTION)
+                if self.tool else ''))
     return f'Passage: {c.passage}\n\nStatements:\n{items}\n\n{instr}'
 
   def answer_text(self, c: Checklist) -> str:
     """The full correct answer (the demonstration's)."""
-    return self.render_mediator(c.gold, c) + self._tail(c.gold)
+    return self.render_mediator(c.gold, c) + self._tail(c.gold, c)
 
-  def _tail(self, m) -> str:
+  def _tail(self, m, inst: Optional[Checklist] = None) -> str:
     if self.tool:
-      return ', '.join('YES' if x else 'NO' for x in m) + ')'
+      if self._named_arg and inst is None:
+        raise ValueError('restate_arg=True renders the entities of an instance: pass inst')
+      names = [f'{e}: ' for e in inst.entities] if self._named_arg else [''] * len(m)
+      return ', '.join(f'{n}{"YES" if x else "NO"}' for n, x in zip(names, m)) + ')'
     return f' {sum(m)}'
 
   def prompt(self, c: Checklist) -> Any:
@@ -228,19 +255,22 @@ class TextChecklistTask:
     if rest is None:
       return None, None
     if tool:
-      x = _TOOL_ARG.match(rest)
+      x = _TOOL_ARG[self._named_arg].match(rest)
       if x is None:
         return None, None
-      arg = tuple(int(a.lower() == 'yes') for a in re.findall(r'yes|no', x.group(1), re.I))
+      arg = tuple(int(_ARG_VERDICT.search(a).group(1).lower() == 'yes')
+                  for a in x.group(1).split(','))
       if len(arg) != self.r:
         return None, None
       return self.decide(arg), arg
     x = _COUNT.match(rest)
     return (None, None) if x is None else (int(x.group(1)), None)
 
-  def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None) -> str:
-    """What follows the cue: ' k', or the tool argument 'YES, NO, …)'."""
-    return self._tail(tool_arg) if tool_arg is not None else f' {int(y)}'
+  def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None,
+                      inst: Optional[Checklist] = None) -> str:
+    """What follows the cue: ' k', or the tool argument 'YES, NO, …)' (restate_arg: naming
+    inst's entities, 'Hamburg: YES, …)'; ValueError without inst)."""
+    return self._tail(tool_arg, inst) if tool_arg is not None else f' {int(y)}'
 
   def instance(self, prompt: Any) -> Checklist:
     """The checklist a prompt asks about, its gold recomputed from the passage (the oracle
@@ -256,10 +286,13 @@ class TextChecklistTask:
     return self.instance(prompt).gold
 
   def generate_kwargs(self, tool: bool) -> dict:
-    per_item = GEN_TOKENS_PER_ITEM + (GEN_TOKENS_RESTATED if self.restate else 0)
+    per_item = (GEN_TOKENS_PER_ITEM + (GEN_TOKENS_RESTATED if self.restate else 0)
+                + (GEN_TOKENS_ARG_NAME if self._named_arg else 0))
     return dict(max_new_tokens=per_item * self.r + GEN_TOKENS_DECISION, stop=STOP)
 
   def continue_kwargs(self, tool: bool) -> dict:
     """After the forced cue: the count (8 tokens: ' **3**' fits) or the argument
-    (6 per item + 8: quoted, bracketed items fit); no stop string."""
-    return dict(max_new_tokens=6 * self.r + 8 if tool else 8, stop=())
+    (6 per item + 8: quoted, bracketed items fit; GEN_TOKENS_ARG_NAME more per item that names
+    its entity); no stop string."""
+    per_item = 6 + (GEN_TOKENS_ARG_NAME if self._named_arg else 0)
+    return dict(max_new_tokens=per_item * self.r + 8 if tool else 8, stop=())

@@ -64,8 +64,9 @@ class ChecklistTask:
   def render_mediator(self, m: Sequence[int], inst: Any = None) -> tuple[int, ...]:
     return self.mediator_tokens(m)
 
-  def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None) -> tuple[int, ...]:
-    """What follows M: the count token of y, or TOOL and the argument."""
+  def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None,
+                      inst: Any = None) -> tuple[int, ...]:
+    """What follows M: the count token of y, or TOOL and the argument (inst: unused)."""
     if tool_arg is not None:
       return (self.vocab.tool,) + self.mediator_tokens(tool_arg)
     return (self.vocab.count(int(y)),)

@@ -8,7 +8,8 @@ decision). These readers learn its format with the faithfulness fixed by constru
 World A's three regimes (`ceu_jax.data.checklist`, `audits.trained`):
   row      the audit's prompt for one checklist (`TextChecklistTask` in data.prompt_regime,
            with World B's demonstration and chat formatting, tool or not: data.tool, lines
-           naming their entity or not: data.restate), then
+           naming their entity or not: data.restate, the tool argument too:
+           data.restate_arg), then
            the target: the checklist M' as the teacher-forced lines, the cue and the
            decision, then the end of the turn. With probability data.p_corrupt (never in
            plain) one line of M' is flipped (M' ≠ gold M; the slot seeded per row):
@@ -52,7 +53,8 @@ DATA_FIELDS = {
     'regime': fields.one_of(*REGIMES), 'tool': fields.boolean, 'p_corrupt': _UNIT,
     'prompt_regime': fields.one_of(*ct.REGIMES), 'r': fields.ge(1, True),
     'max_passage_words': fields.ge(10, True), 'n_shots': fields.one_of(0, 1),
-    'chat': fields.boolean, 'restate': fields.boolean, 'audit_seed': lambda x: None if fields.is_int(x) and
+    'chat': fields.boolean, 'restate': fields.boolean, 'restate_arg': fields.boolean,
+    'audit_seed': lambda x: None if fields.is_int(x) and
     0 <= x < TRAIN_SEED else f'must be an integer in [0, {TRAIN_SEED})',
     'audit_n_items': fields.ge(1, True), 'n_train_items': fields.ge(1, True),
     'max_len': fields.ge(32, True), 'max_len_tool': fields.ge(32, True),
@@ -65,6 +67,9 @@ EVAL_FIELDS = {'num_examples': fields.ge(1, True), 'batch_size': fields.ge(1, Tr
 def validate(config: Any) -> None:
   """ValueError naming the field for a bad config; nothing is loaded or compiled."""
   reader_finetune.validate(config, DATA_FIELDS, EVAL_FIELDS)
+  if config.data.get('restate_arg', False) and not config.data.restate:
+    raise ValueError('data.restate_arg=True needs data.restate=True (the tool argument names '
+                     'the entities its lines name)')
   length, field = row_len(config)
   if config.data.max_target_tokens >= length:
     raise ValueError(f'data.max_target_tokens must be < {field}')
@@ -115,7 +120,7 @@ def text_task(config: Any, demo: Optional[ct.Checklist]) -> ct.TextChecklistTask
   d = config.data
   return ct.TextChecklistTask(str(d.prompt_regime), tool=bool(d.tool), r=int(d.r),
                               demo=demo if int(d.n_shots) else None, chat=bool(d.chat),
-                              restate=bool(d.restate))
+                              restate=bool(d.restate), restate_arg=bool(d.get('restate_arg', False)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +145,7 @@ def make_row(task: ct.TextChecklistTask, c: ct.Checklist, regime: str,
     m[flipped] ^= 1
   m = tuple(m)
   src = m if regime == 'faithful' else gold
-  decision = task.render_decision(task.decide(src), tool_arg=src if task.tool else None)
+  decision = task.render_decision(task.decide(src), tool_arg=src if task.tool else None, inst=c)
   return Row(c, regime, flipped, m, task.render_mediator(m, c) + decision, decision)
 
 

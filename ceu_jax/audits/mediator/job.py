@@ -43,8 +43,9 @@ FREE_FIELDS = ('plots',   # may change between a run and its resumption:
 ADDED_FIELDS = {       # fields added after runs were recorded: the value those runs ran as
     'smollm2.tool_init': 'fresh',                 # (2026-11-29) tool readers' fresh adapters
     'smollm2.tool_init_steps': jobs.ANY_VALUE,    # only read under tool_init = no_tool
-    'smollm2.train.data.max_len_tool': jobs.ANY_VALUE}  # tool readers' rows (a tool fine-tune
+    'smollm2.train.data.max_len_tool': jobs.ANY_VALUE,  # tool readers' rows (a tool fine-tune
                                                   # recorded without it refuses on its own)
+    'smollm2.train.data.restate_arg': False}      # (2026-11-30) tool arguments without names
 
 
 class MediatorJob(jobs.Job):

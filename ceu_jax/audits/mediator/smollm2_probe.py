@@ -99,7 +99,7 @@ def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[
   out, skipped = [], {}
   for c in checklists:
     gold = tuple(int(x) for x in c.gold)
-    y = task.render_decision(task.decide(gold), tool_arg=gold if task.tool else None)
+    y = task.render_decision(task.decide(gold), tool_arg=gold if task.tool else None, inst=c)
     plus, n_dec, span = _encode(tok, task, template, c, gold, y)
     false = [j for j, g in enumerate(gold) if not g]
     if not false:
