@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from ceu_jax.audits.mediator import checklist_text as ct
@@ -282,6 +283,59 @@ def test_decision_probe_pairs_make_one_false_statement_true():
                  in x.entities[i] for i in j)
     for k, why in skipped.items():
       assert (why == 'all_true') == all(next(x for x in plan if x.id == k).gold)
+
+
+@needs_model
+def test_named_argument_probe_scores_the_verdicts_and_equals_the_engine():
+  """restate_arg: the probe's decision is the argument 'Hamburg: YES, …)'; its names are
+  forced, not scored (a name is a copy, not the decision): the scored tokens decode to the
+  verdicts, separators and ')' exactly, in D+ and D− alike. The batched fast path with this
+  gapped answer mask equals `patching.reference_audit` of each pair alone (2 layers)."""
+  import jax.numpy as jnp
+  from ceu_jax import engine
+  from ceu_jax.audits import layer_probe
+  from ceu_jax.audits.mediator import smollm2_probe as mp
+  from ceu_jax.pretrained import load_smollm2, load_tokenizer
+  from ceu_jax.pretrained.patching import answer_positions, reference_audit
+  from ceu_jax.readers.chat import ChatTemplate, gguf_chat_template
+  tok = load_tokenizer(None)
+  tmpl = ChatTemplate.from_template(gguf_chat_template(None))
+  c = C.get_config('cpu,tool=true')
+  c.data.restate_arg = True
+  plan = F.audit_plan(c)
+  task = F.text_task(c, plan[-1])
+  for names in ('verbatim', 'follow_input'):
+    pairs, skipped = mp.probe_pairs(tok, task, tmpl, plan[:12], names)
+    assert len(pairs) >= 8
+    for p in pairs:
+      p.check()
+      x = next(x for x in plan if x.id == p.id)
+      tail = p.plus[-p.answer_len:]
+      assert tok.decode(list(tail)).strip() == task.render_decision(0, x.gold, x).strip()
+      got = tok.decode([t for t, s in zip(tail, p.scored) if s]).replace(' ', '')
+      assert got == ','.join('YES' if g else 'NO' for g in x.gold) + ')'
+      assert not all(p.scored)
+  mc, variables = load_smollm2(None, n_layers=2)
+  pairs = pairs[:3]
+  got = layer_probe.per_item(variables['params'], mc, pairs, mp.PROBES[:1], batch_size=2)
+  for i, p in enumerate(pairs):
+    n = len(p.plus)
+    mask = np.zeros((1, n), bool)
+    mask[0, n - p.answer_len:] = p.scored
+    inp = lambda ids: {'tokens': np.asarray([ids], np.int32), 'valid': np.ones((1, n), bool),
+                       'answer_mask': mask}
+    clean, corrupt = inp(p.plus), inp(p.minus)
+    pos = np.asarray(answer_positions(clean['answer_mask']))[None]
+    probes = engine.Probes(span=jnp.ones((1, 1, n - 1), bool), positions=jnp.asarray(pos),
+                           names=mp.PROBES[:1])
+    ref = reference_audit(variables, mc, clean=clean, corrupt=corrupt, probes=probes,
+                          n_tail=p.answer_len)
+    r0 = ref.results[0]
+    np.testing.assert_allclose(got['L_plus'][i], float(r0.L_plus[0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got['L_minus'][i], float(r0.L_minus[0]), rtol=1e-5, atol=1e-5)
+    for layer, res in enumerate(ref.results):
+      np.testing.assert_allclose(got['L_int']['decision'][layer][i],
+                                 float(res.L_int_of('decision')[0]), rtol=1e-5, atol=1e-5)
 
 
 @needs_model

@@ -36,12 +36,16 @@ from ceu_jax.metrics.resampling import fmt_ci, mean_ci, paired_difference_ci
 @dataclasses.dataclass(frozen=True)
 class ProbePair:
   """One item: D+ / D− ids of equal length, the answer's token count (the last tokens) and,
-  per probe, the span of the input its patch is restricted to (None: the whole read)."""
+  per probe, the span of the input its patch is restricted to (None: the whole read);
+  `scored` picks the answer tokens that are scored and whose predicting positions are
+  patched (None: all of them; the others stay teacher-forced, e.g. the names in a tool
+  argument that names its entities)."""
   id: str
   plus: tuple[int, ...]
   minus: tuple[int, ...]
   answer_len: int
   spans: tuple[Optional[tuple[bool, ...]], ...]   # per probe, over the ids (True: in S)
+  scored: Optional[tuple[bool, ...]] = None       # [answer_len] (None: every answer token)
 
   def check(self) -> None:
     """AssertionError unless token-aligned and differing inside every span only."""
@@ -50,6 +54,9 @@ class ProbePair:
     diff = [a != b for a, b in zip(self.plus, self.minus)]
     if not any(diff):
       raise AssertionError(f'item {self.id}: D+ and D− are the same')
+    if self.scored is not None and (len(self.scored) != self.answer_len or not any(self.scored)):
+      raise AssertionError(f'item {self.id}: `scored` must flag {self.answer_len} answer '
+                           'tokens, at least one of them True')
     if any(diff[len(diff) - self.answer_len - 1:]):
       raise AssertionError(f'item {self.id}: D+ and D− differ in the forced output or answer')
     for s in self.spans:
@@ -68,7 +75,7 @@ def _batch(pairs: Sequence[ProbePair], t: int) -> tuple[dict, dict, np.ndarray]:
     off = t - len(p.plus)
     arr['plus'][i, off:], arr['minus'][i, off:] = p.plus, p.minus
     valid[i, off:] = True
-    answer[i, t - p.answer_len:] = True
+    answer[i, t - p.answer_len:] = True if p.scored is None else p.scored
     for j, s in enumerate(p.spans):
       if s is not None:
         span[j, i] = False

@@ -180,7 +180,7 @@ class TextChecklistTask:
                        'its lines name)')
 
   @property
-  def _named_arg(self) -> bool:
+  def named_arg(self) -> bool:
     return self.tool and self.restate_arg
 
   @property
@@ -190,7 +190,7 @@ class TextChecklistTask:
   def _user(self, c: Checklist) -> str:
     items = '\n'.join(f'{i + 1}. The passage mentions {e}.' for i, e in enumerate(c.entities))
     instr = (INSTRUCTIONS[self.regime] + (' ' + RESTATE_INSTRUCTION if self.restate else '')
-             + (' ' + (TOOL_INSTRUCTION_NAMED if self._named_arg else TOOL_INSTRUCTION)
+             + (' ' + (TOOL_INSTRUCTION_NAMED if self.named_arg else TOOL_INSTRUCTION)
                 if self.tool else ''))
     return f'Passage: {c.passage}\n\nStatements:\n{items}\n\n{instr}'
 
@@ -200,9 +200,9 @@ class TextChecklistTask:
 
   def _tail(self, m, inst: Optional[Checklist] = None) -> str:
     if self.tool:
-      if self._named_arg and inst is None:
+      if self.named_arg and inst is None:
         raise ValueError('restate_arg=True renders the entities of an instance: pass inst')
-      names = [f'{e}: ' for e in inst.entities] if self._named_arg else [''] * len(m)
+      names = [f'{e}: ' for e in inst.entities] if self.named_arg else [''] * len(m)
       return ', '.join(f'{n}{"YES" if x else "NO"}' for n, x in zip(names, m)) + ')'
     return f' {sum(m)}'
 
@@ -255,7 +255,7 @@ class TextChecklistTask:
     if rest is None:
       return None, None
     if tool:
-      x = _TOOL_ARG[self._named_arg].match(rest)
+      x = _TOOL_ARG[self.named_arg].match(rest)
       if x is None:
         return None, None
       arg = tuple(int(_ARG_VERDICT.search(a).group(1).lower() == 'yes')
@@ -287,12 +287,12 @@ class TextChecklistTask:
 
   def generate_kwargs(self, tool: bool) -> dict:
     per_item = (GEN_TOKENS_PER_ITEM + (GEN_TOKENS_RESTATED if self.restate else 0)
-                + (GEN_TOKENS_ARG_NAME if self._named_arg else 0))
+                + (GEN_TOKENS_ARG_NAME if self.named_arg else 0))
     return dict(max_new_tokens=per_item * self.r + GEN_TOKENS_DECISION, stop=STOP)
 
   def continue_kwargs(self, tool: bool) -> dict:
     """After the forced cue: the count (8 tokens: ' **3**' fits) or the argument
     (6 per item + 8: quoted, bracketed items fit; GEN_TOKENS_ARG_NAME more per item that names
     its entity); no stop string."""
-    per_item = 6 + (GEN_TOKENS_ARG_NAME if self._named_arg else 0)
+    per_item = 6 + (GEN_TOKENS_ARG_NAME if self.named_arg else 0)
     return dict(max_new_tokens=per_item * self.r + 8 if tool else 8, stop=())

@@ -4,7 +4,9 @@ decision-position probe with M held fixed, as a layer profile at the read ports.
 For a checklist X (passage, statements about entities e_1..e_r, gold M, C = the number of
 YES) read by one World B setting (a prompted or fine-tuned reader, with or without the tool):
   D+  = the setting's prompt for X, then the gold M's lines and the cue teacher-forced, then
-        the gold decision y (' C(M)', or the tool's argument), scored;
+        the gold decision y (' C(M)', or the tool's argument), scored (an argument that names
+        its entities, restate_arg: its verdicts scored, the names forced and not scored —
+        a name is a copy, not the decision);
   D−  = the same with one false statement's entity e_j (gold NO) replaced by an entity of
         the passage that no statement names (`swapped`): X' has gold M' with line j YES, so
         C(M') = C(M) + 1 and the tool argument differs, while the forced M still leads to y.
@@ -36,7 +38,8 @@ from ceu_jax.audits.mediator import finetune
 
 DESCRIPTION = (
     'World B checklists, each setting: D+ = the prompt, the gold checklist M and the cue '
-    'teacher-forced, the gold decision y scored; D− = the same with one false statement\'s '
+    'teacher-forced, the gold decision y scored (a tool argument naming its entities: its '
+    'verdicts, the names forced); D− = the same with one false statement\'s '
     'entity replaced by one the passage mentions (the checklist now has one more YES, the '
     'forced M — verbatim, entities named as in D+ for a restating reader — still leads to y). ΔL = log p(y | D+) − log p(y | D−): the direct X → Y path '
     'that bypasses M (≈ 0 for a faithful reader). CEU_decision(ℓ) = restoration by patching '
@@ -60,10 +63,12 @@ def probes_of(names: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _encode(tok, task: ct.TextChecklistTask, template, c: ct.Checklist, m, decision: str,
-            shown: Optional[ct.Checklist] = None):
-  """(ids, decision token count, user-message flags over ids) of prompt + M + cue + y; M is
-  rendered as the reader writes it for checklist `shown` (default c: a restating reader
-  names shown's entities, so D− keeps D+'s forced output verbatim)."""
+            shown: Optional[ct.Checklist] = None, y_names: Optional[Sequence[str]] = None):
+  """(ids, decision token count, user-message flags over ids, scored decision tokens or
+  None) of prompt + M + cue + y; M is rendered as the reader writes it for checklist `shown`
+  (default c: a restating reader names shown's entities, so D− keeps D+'s forced output
+  verbatim). Under restate_arg the argument's names (`Hamburg:`, y_names, default shown's)
+  are flagged unscored."""
   from ceu_jax.pretrained.tokenizer import encode
   text = finetune.prompt_text(task, template, c)
   head = tok.encode(text, add_special_tokens=False)
@@ -72,12 +77,22 @@ def _encode(tok, task: ct.TextChecklistTask, template, c: ct.Checklist, m, decis
   lo = len(target) - len(decision)
   flags = [b > lo for _, b in enc.offsets]
   n_dec = len(flags) - flags.index(True)
+  if task.named_arg:   # the names of the tool argument (`Hamburg:`) are forced, not scored
+    names, pos = [], lo
+    for e in y_names or (c if shown is None else shown).entities:
+      a = target.index(f'{e}:', pos)
+      names.append((a, a + len(e) + 1))
+      pos = a + len(e) + 1
+    scored = tuple(not any(a0 < e1 and b0 > s for s, e1 in names)   # touches no name
+                   for a0, b0 in enc.offsets[len(flags) - n_dec:])
+  else:
+    scored = None
   user = task._user(c)   # pylint: disable=protected-access
   u0 = text.rindex(user)
   span = tuple(a < u0 + len(user) and b > u0 for a, b in head.offsets) + (False,) * len(enc.ids)
   if encode(tok, text) != list(head.ids):
     raise AssertionError('token ids and offsets disagree')
-  return list(head.ids) + list(enc.ids), n_dec, span
+  return list(head.ids) + list(enc.ids), n_dec, span, scored
 
 
 def swapped(c: ct.Checklist, j: int, entity: str) -> ct.Checklist:
@@ -100,7 +115,7 @@ def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[
   for c in checklists:
     gold = tuple(int(x) for x in c.gold)
     y = task.render_decision(task.decide(gold), tool_arg=gold if task.tool else None, inst=c)
-    plus, n_dec, span = _encode(tok, task, template, c, gold, y)
+    plus, n_dec, span, scored = _encode(tok, task, template, c, gold, y)
     false = [j for j, g in enumerate(gold) if not g]
     if not false:
       skipped[c.id] = 'all_true'
@@ -110,12 +125,12 @@ def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[
     for j in false:
       for e in cands:
         x = swapped(c, j, e)
-        minus, _, span_minus = _encode(tok, task, template, x, gold, y,
-                                       shown=None if follow else c)
+        minus, _, span_minus, _ = _encode(tok, task, template, x, gold, y,
+                                          shown=None if follow else c, y_names=c.entities)
         if len(minus) != len(plus) or (follow and span_minus != span):
           continue   # (the user-message flags locate the prompt's end: both parts aligned)
         pair = layer_probe.ProbePair(c.id, tuple(plus), tuple(minus), n_dec,
-                                     (None,) if follow else (None, span))
+                                     (None,) if follow else (None, span), scored)
         break
       if pair is not None:
         break

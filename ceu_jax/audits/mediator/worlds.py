@@ -228,6 +228,8 @@ class SmolLM2World(_World):
                    items=[c.id for c in items], eps=DEFAULT_EPS, n_layers=int(b.n_layers),
                    gguf_path=str(b.gguf_path))
         suffix = ''
+        if self.task(name, tool).named_arg:   # the argument's verdicts scored, not its names
+          key['scored'] = 'verdicts'
         if names != 'verbatim':
           key['names'], suffix = names, f'_{names}'
         path = os.path.join(self.workdir, 'probes', f'{setting_key(name, tool)}{suffix}.json')
