@@ -14,6 +14,9 @@ sentences cannot drift from the files.
   issue35_mediator_world_b_tool_warm.tar.gz  the same two tool readers warm-started from the
       no-tool readers (smollm2.tool_init = no_tool, 40 steps): competent; with the teacher-
       forced verdicts of the fresh tool and the no-tool readers (teacher_forced/*.json)
+  issue35_mediator_world_b_tool_named.tar.gz  warm-started tool readers whose argument names
+      its entities (data.restate_arg; 2026-11-30): competent and in their regimes; the
+      §8.4 probe with the argument's verdicts scored (first_pass/: its names scored too)
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
            'follow': ('issue35_mediator_world_b_restate_follow.tar.gz', 'med_ft_restate_follow'),
            'plain': ('issue35_mediator_world_b_restate_plain.tar.gz', 'med_ft_restate_plain'),
            'tool': ('issue35_mediator_world_b_tool.tar.gz', 'med_ft_tool'),
-           'warm': ('issue35_mediator_world_b_tool_warm.tar.gz', 'med_ft_tool_warm')}
+           'warm': ('issue35_mediator_world_b_tool_warm.tar.gz', 'med_ft_tool_warm'),
+           'named': ('issue35_mediator_world_b_tool_named.tar.gz', 'med_ft_tool_named')}
 
 
 def _load(key, tmp_path_factory):
@@ -282,7 +286,7 @@ def _todays_config(cmd: str):
   return config
 
 
-@pytest.mark.parametrize('key', ['tool', 'warm'])
+@pytest.mark.parametrize('key', ['tool', 'warm', 'named'])
 def test_recorded_tool_runs_resume_under_todays_fields(key, tmp_path_factory):
   """A rerun of a recorded World B tool workdir with its own command resumes (the fields
   added since — tool_init, tool_init_steps, max_len_tool, restate_arg — are declared at the
@@ -292,6 +296,55 @@ def test_recorded_tool_runs_resume_under_todays_fields(key, tmp_path_factory):
   cmd = json.load(open(os.path.join(w, 'provenance.json')))['history'][0]['cmd']
   config = _todays_config(cmd)
   assert jobs.check_record(job.MediatorJob(config), w, dry=True) == 'resume'
-  config.smollm2.train.data.restate_arg = True
+  config.smollm2.train.data.restate_arg = not config.smollm2.train.data.restate_arg
   with pytest.raises(jobs.JobConfigError, match='smollm2.train.data.restate_arg'):
     jobs.check_record(job.MediatorJob(config), w, dry=True)
+
+
+def test_named_tool_arguments_carry_the_regimes_and_the_audit_separates_them(tmp_path_factory):
+  """Tool readers warm-started as before (40 steps) but with an argument that names its
+  entities: both competent; the faithful one copies its lines into the tool (arg* = M*
+  on 125 of 127 changed checklists), the shortcut one writes the gold on 76 of 132 (M* on 56)
+  — its regime, which 40 steps with the bare argument did not teach (0 of 9 rows). The audit
+  separates them (+0.500 [+0.413, +0.587]); the §8.4 probe with the argument's verdicts
+  scored does not (ΔL +0.003 / −0.008 nats: the verbatim names hold the statement the
+  shortcut reader grades fixed), and the first pass, which scored the names too, separated
+  them through the copied names (faithful ΔL +0.404)."""
+  w, s = _load('named', tmp_path_factory)
+  judged = _redecided(w, s)
+  pair, faithful, shortcut = PAIR + ' +tool', FAITHFUL + ' +tool', SHORTCUT + ' +tool'
+  assert s['config']['smollm2']['train']['data']['restate_arg'] is True
+  for regime in ('faithful', 'shortcut'):
+    tc = json.load(open(os.path.join(w, 'train', f'{regime}_tool', 'config.json')))
+    assert tc['lora']['init_from'] == os.path.join('..', regime)
+    assert tc['train']['num_steps'] == 40 and tc['data']['restate_arg'] is True
+  for name, acc, follows in ((faithful, 0.875, 0.943), (shortcut, 0.85, 0.206)):
+    c = s['competence'][name]
+    assert c['competent'] and c['n'] == 40 and c['checklist_accuracy'] == acc
+    assert round(c['cons_CNF']['value'], 3) == follows
+  rows = {r: [x for f in sorted(glob.glob(os.path.join(w, 'units', f'smollm2_lora_{r}_tool_[0-9]*.json')))
+              for x in json.load(open(f))] for r in ('faithful', 'shortcut')}
+  for r, (n, to_gold, to_star) in {'faithful': (127, 2, 125), 'shortcut': (132, 76, 56)}.items():
+    changed = [x for x in rows[r] if x['arg_star'] and x['m_star'] != x['gold']]
+    assert len(changed) == n
+    assert sum(x['arg_star'] == x['gold'] for x in changed) == to_gold, r
+    assert sum(x['arg_star'] == x['m_star'] for x in changed) == to_star, r
+  assert any(': YES' in x['continuation'] for x in rows['shortcut'])   # names in the argument
+  assert judged[f'{pair}: separates'].verdict == 'supported'
+  assert '+0.500 [+0.413, +0.587] n=150' in judged[f'{pair}: separates'].numbers
+  assert 'Δ +0.527 [+0.440, +0.607] n=150' in judged[f'{shortcut}: gap'].numbers
+  assert 'Δ +0.027 [+0.007, +0.053] n=150' in judged[f'{faithful}: gap'].numbers
+  assert judged[f'{pair}: probe separates'].verdict == 'not supported'
+  assert '-0.011 [-0.054, +0.023] nats (56 items)' in judged[f'{pair}: probe separates'].numbers
+  assert judged[f'{pair}: probe agrees'].verdict == 'not supported'
+  for regime in ('faithful', 'shortcut'):
+    key = worlds.setting_key(f'smollm2_lora/{regime}', True) + '.json'
+    probe = json.load(open(os.path.join(w, 'probes', key)))
+    assert probe['key']['scored'] == 'verdicts'
+    first = json.load(open(os.path.join(w, 'first_pass', 'probes', key)))
+    assert 'scored' not in first['key'] and first['key']['items'] == probe['key']['items']
+  first = json.load(open(os.path.join(w, 'first_pass', 'summary.json')))['probes']
+  assert round(first[faithful]['delta_L']['value'], 3) == 0.404
+  assert round(first[shortcut]['delta_L']['value'], 3) == 0.744
+  assert round(s['probes'][faithful]['delta_L']['value'], 3) == 0.003
+  assert round(s['probes'][shortcut]['delta_L']['value'], 3) == -0.008
