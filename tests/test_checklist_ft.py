@@ -315,6 +315,14 @@ def test_named_argument_probe_scores_the_verdicts_and_equals_the_engine():
       got = tok.decode([t for t, s in zip(tail, p.scored) if s]).replace(' ', '')
       assert got == ','.join('YES' if g else 'NO' for g in x.gold) + ')'
       assert not all(p.scored)
+      minus = tok.decode(list(p.minus[-p.answer_len:])).strip().rstrip(')')
+      if names == 'verbatim':   # D−'s argument names D+'s entities
+        assert p.minus[-p.answer_len:] == tail
+      else:                     # ... or, following the input, the swapped one (D+'s verdicts)
+        j = [k for k, (a, b) in enumerate(zip(minus.split(', '), tok.decode(list(tail)).strip()
+                                                  .rstrip(')').split(', '))) if a != b]
+        assert len(j) == 1 and x.gold[j[0]] == 0 and minus.split(', ')[j[0]].endswith(': NO')
+        assert minus.split(', ')[j[0]][:-4] in ct.entities(x.passage)
   mc, variables = load_smollm2(None, n_layers=2)
   pairs = pairs[:3]
   got = layer_probe.per_item(variables['params'], mc, pairs, mp.PROBES[:1], batch_size=2)

@@ -57,7 +57,11 @@ class ProbePair:
     if self.scored is not None and (len(self.scored) != self.answer_len or not any(self.scored)):
       raise AssertionError(f'item {self.id}: `scored` must flag {self.answer_len} answer '
                            'tokens, at least one of them True')
-    if any(diff[len(diff) - self.answer_len - 1:]):
+    tail = len(diff) - self.answer_len
+    scored = (True,) * self.answer_len if self.scored is None else self.scored
+    if any(s and (diff[tail + i] or diff[tail + i - 1]) for i, s in enumerate(scored)):
+      # a scored token and the position that predicts it (patched) are the same in D±; an
+      # unscored answer token (forced) may differ, as the forced output before it may
       raise AssertionError(f'item {self.id}: D+ and D− differ in the forced output or answer')
     for s in self.spans:
       if s is not None and any(d and not x for d, x in zip(diff, s)):

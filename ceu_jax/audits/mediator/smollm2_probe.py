@@ -25,7 +25,9 @@ e_j although D−'s statement j is about the swapped entity; 'follow_input' writ
 with the swapped entity and D+'s verdict (M's verdicts held fixed, its names following the
 input): D± then differ in the output too, outside the user message, so only the whole-read
 probe (CEU_decision) is defined there, and ΔL includes any path through the written names.
-For a reader that does not restate, both give the same pairs.
+For a reader that does not restate, both give the same pairs. Under restate_arg the tool
+argument's names follow the input as the lines do (D−'s item j names the swapped entity, D+'s
+verdict); they are forced and not scored in either mode (`_encode`), so D± may differ there.
 """
 from __future__ import annotations
 
@@ -125,12 +127,23 @@ def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[
     for j in false:
       for e in cands:
         x = swapped(c, j, e)
-        minus, _, span_minus, _ = _encode(tok, task, template, x, gold, y,
-                                          shown=None if follow else c, y_names=c.entities)
-        if len(minus) != len(plus) or (follow and span_minus != span):
+        y_minus, y_names = y, c.entities
+        if follow and task.named_arg:   # the argument's names follow the input too
+          y_minus = task.render_decision(task.decide(gold), tool_arg=gold, inst=x)
+          y_names = x.entities
+        minus, _, span_minus, scored_minus = _encode(
+            tok, task, template, x, gold, y_minus, shown=None if follow else c,
+            y_names=y_names)
+        if len(minus) != len(plus) or (follow and span_minus != span) or (
+            scored_minus != scored):
           continue   # (the user-message flags locate the prompt's end: both parts aligned)
         pair = layer_probe.ProbePair(c.id, tuple(plus), tuple(minus), n_dec,
                                      (None,) if follow else (None, span), scored)
+        try:
+          pair.check()   # e.g. a renamed argument item whose name ends in the verdict's token
+        except AssertionError:
+          pair = None
+          continue
         break
       if pair is not None:
         break
