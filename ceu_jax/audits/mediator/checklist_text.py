@@ -95,7 +95,7 @@ TOOL_INSTRUCTION_NAMED = ('Instead of counting yourself, call the counting tool 
                           'answers: write "TOOL count(name1: a1, name2: a2, ...)" with the '
                           'names and your answers in order; the tool returns the number of '
                           'YES.')
-GEN_TOKENS_ARG_NAME = GEN_TOKENS_RESTATED  # continuation budget per tool-argument item naming its entity
+GEN_TOKENS_ARG_NAME = GEN_TOKENS_RESTATED  # budget per tool-argument item naming its entity
 
 
 @dataclasses.dataclass(frozen=True)

@@ -120,7 +120,8 @@ def text_task(config: Any, demo: Optional[ct.Checklist]) -> ct.TextChecklistTask
   d = config.data
   return ct.TextChecklistTask(str(d.prompt_regime), tool=bool(d.tool), r=int(d.r),
                               demo=demo if int(d.n_shots) else None, chat=bool(d.chat),
-                              restate=bool(d.restate), restate_arg=bool(d.get('restate_arg', False)))
+                              restate=bool(d.restate),
+                              restate_arg=bool(d.get('restate_arg', False)))
 
 
 @dataclasses.dataclass(frozen=True)
