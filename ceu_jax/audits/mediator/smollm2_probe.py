@@ -52,7 +52,8 @@ PROBES = ('decision', 'input')   # the whole read / its part read from the user 
 TITLES = ('CEU_decision: the read at the decision', 'CEU_input: its part read from the input')
 NAMES = ('verbatim', 'follow_input')   # smollm2.probe_names (module doc)
 FOLLOW_NOTE = (' Names follow the input (smollm2.probe_names = follow_input): D−\'s restated '
-               'line j names the swapped entity with D+\'s verdict, so D± also differ in the '
+               'line j (and a named tool argument\'s item j) names the swapped entity with '
+               'D+\'s verdict, so D± also differ in the '
                'forced output and only CEU_decision is defined; ΔL includes any path through '
                'the written names.')
 
