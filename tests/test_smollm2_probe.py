@@ -146,6 +146,21 @@ def test_summarize_means_by_stratum_over_non_degenerate_items():
   assert '| r | memorised | 2 | 0 |' in table and '| r | all | 4 | 1 |' in table
 
 
+
+def test_layer_figure_legend_names_how_many_items_each_line_averages(tmp_path, monkeypatch):
+  """Each line's label says over how many of the reader's probed items its CEU is taken (the
+  non-degenerate ones), per stratum too."""
+  from matplotlib.figure import Figure
+  it = _items([0.5, 1.5, 0.0, 2.0], [[0.1, 0.3, 0.0, 0.5], [1.0, 0.0, 0.0, 0.2]],
+              [[0.0, 0.1, 0.0, 0.1], [0.5, 0.5, 0.0, 0.5]], [False, False, True, False])
+  s = layer_probe.summarize(it, {'i0': 'memorised', 'i1': 'memorised', 'i2': 'fresh',
+                                 'i3': 'fresh'}, seed=0)
+  seen = []
+  monkeypatch.setattr(Figure, 'legend', lambda self, h, labels, **kw: seen.extend(labels))
+  layer_probe.layer_figure({'r': s}, ('answer',), ('t',), str(tmp_path / 'f'), 'title')
+  assert seen == ['r (CEU over 3 of 4)', 'r [fresh] (CEU over 1 of 2)',
+                  'r [memorised] (CEU over 2 of 2)']
+
 def _summary(dl, strata):
   it = _items(dl, [[0.0] * len(dl)], [[0.0] * len(dl)], [False] * len(dl))
   return layer_probe.summarize(it, strata, seed=0)

@@ -214,8 +214,9 @@ def layer_figure(probes: Mapping[str, dict], names: Sequence[str], titles: Seque
         if not pts:
           continue
         xs = [L for L, _ in pts]
+        used = f" (CEU over {c['n'] - c['n_degenerate']} of {c['n']})" if 'n' in c else ''
         ax.plot(xs, [a['value'] for _, a in pts], color=f'C{i}', ls=styles.get(st, '-.'),
-                lw=1.3, label=f'{r}' + ('' if st == 'all' else f' [{st}]'))
+                lw=1.3, label=f'{r}' + ('' if st == 'all' else f' [{st}]') + used)
         ax.fill_between(xs, [a['ci_low'] for _, a in pts], [a['ci_high'] for _, a in pts],
                         color=f'C{i}', alpha=0.08 if st == 'all' else 0.04)
     ax.set_title(sub, fontsize=9)
