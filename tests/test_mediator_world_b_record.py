@@ -17,6 +17,8 @@ sentences cannot drift from the files.
   issue35_mediator_world_b_tool_named.tar.gz  warm-started tool readers whose argument names
       its entities (data.restate_arg; 2026-11-30): competent and in their regimes; the
       §8.4 probe with the argument's verdicts scored (first_pass/: its names scored too)
+  issue35_mediator_world_b_tool_named_follow.tar.gz  the same run resumed with the probe's
+      names following the input in the lines and the argument: summary, report, probes
 """
 from __future__ import annotations
 
@@ -40,7 +42,9 @@ RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
            'plain': ('issue35_mediator_world_b_restate_plain.tar.gz', 'med_ft_restate_plain'),
            'tool': ('issue35_mediator_world_b_tool.tar.gz', 'med_ft_tool'),
            'warm': ('issue35_mediator_world_b_tool_warm.tar.gz', 'med_ft_tool_warm'),
-           'named': ('issue35_mediator_world_b_tool_named.tar.gz', 'med_ft_tool_named')}
+           'named': ('issue35_mediator_world_b_tool_named.tar.gz', 'med_ft_tool_named'),
+           'named_follow': ('issue35_mediator_world_b_tool_named_follow.tar.gz',
+                            'med_ft_tool_named_follow')}
 
 
 def _load(key, tmp_path_factory):
@@ -348,3 +352,35 @@ def test_named_tool_arguments_carry_the_regimes_and_the_audit_separates_them(tmp
   assert round(first[shortcut]['delta_L']['value'], 3) == 0.744
   assert round(s['probes'][faithful]['delta_L']['value'], 3) == 0.003
   assert round(s['probes'][shortcut]['delta_L']['value'], 3) == -0.008
+
+
+def test_named_tool_probe_with_names_following_the_input_agrees_with_the_audit(
+    tmp_path_factory):
+  """The named-argument tool run resumed with `probe_names = follow_input` (D− names the
+  swapped entity in line j and in the argument's item j, D+'s verdicts kept; only the
+  verdicts scored): the shortcut reader flips the renamed item (ΔL +1.407 nats, 37 of 54
+  above 0.5), the faithful one copies its line (ΔL +0.038, median ≈ 0), so the probe
+  separates them (+1.369 [+1.064, +1.700]) and agrees with the audit. Re-decided from the
+  named run's rows and these probes."""
+  named_w, named_s = _load('named', tmp_path_factory)
+  w, s = _load('named_follow', tmp_path_factory)
+  assert s['config']['smollm2']['probe_names'] == 'follow_input'
+  assert s['settings'] == named_s['settings']            # the same audit, only the probe differs
+  judged = _redecided(named_w, s)
+  pair, faithful, shortcut = PAIR + ' +tool', FAITHFUL + ' +tool', SHORTCUT + ' +tool'
+  assert judged[f'{pair}: separates'].verdict == 'supported'
+  assert judged[f'{pair}: probe separates'].verdict == 'supported'
+  assert '+1.369 [+1.064, +1.700] nats (54 items)' in judged[f'{pair}: probe separates'].numbers
+  assert judged[f'{pair}: probe agrees'].verdict == 'supported'
+  moved = {}
+  for reader, name in ((FAITHFUL, faithful), (SHORTCUT, shortcut)):
+    p = s['probes'][name]
+    assert p['n'] == 54 and all(set(x) == {'layer', 'ceu_decision'} for x in p['layers'])
+    per = json.load(open(os.path.join(w, 'probes', worlds.setting_key(reader, True)
+                                      + '_follow_input.json')))
+    assert per['key']['names'] == 'follow_input' and per['key']['scored'] == 'verdicts'
+    assert len(per['items']['ids']) == 54
+    moved[name] = sum(v > 0.5 for v in p['delta_L_by_item'].values())
+  assert moved == {faithful: 3, shortcut: 37}
+  assert round(s['probes'][faithful]['delta_L']['value'], 3) == 0.038
+  assert round(s['probes'][shortcut]['delta_L']['value'], 3) == 1.407
