@@ -384,3 +384,35 @@ def test_named_tool_probe_with_names_following_the_input_agrees_with_the_audit(
   assert moved == {faithful: 3, shortcut: 37}
   assert round(s['probes'][faithful]['delta_L']['value'], 3) == 0.038
   assert round(s['probes'][shortcut]['delta_L']['value'], 3) == 1.407
+
+
+def _names(text: str) -> tuple[list, list]:
+  """(entity names of the restated lines, of the named tool argument's items) in `text`."""
+  import re
+  head, _, arg = text.partition('TOOL count(')
+  lines = [re.match(r'\d+\. (.*): (?:YES|NO)$', ln) for ln in head.strip().splitlines()]
+  items = re.split(r', (?=[^,]*: (?:YES|NO))', arg.rstrip(')').strip())
+  return ([m.group(1) if m else None for m in lines],
+          [a.rsplit(':', 1)[0].strip() for a in items if a])
+
+
+def test_named_arguments_mostly_name_the_readers_own_lines(tmp_path_factory):
+  """The audit reads a named argument's verdicts only (the tool counts YES); how often do its
+  names differ from the reader's own restated lines (in order)? On 3-8 of ~144 parsed
+  arguments per reader and output, always as many items as lines with one or two names
+  miscopied (e.g. 'Missouri' -> 'Mosesko', 'The Offerman' -> 'Offerman'), never a reordering:
+  the verdicts are read against the right statements."""
+  w, _ = _load('named', tmp_path_factory)
+  got = {}
+  for r in ('faithful', 'shortcut'):
+    rows = [x for f in sorted(glob.glob(os.path.join(w, 'units', f'smollm2_lora_{r}_tool_[0-9]*.json')))
+            for x in json.load(open(f))]
+    for out, key in (('clean', 'arg'), ('star', 'arg_star')):
+      parsed = [x for x in rows if x[key]]
+      texts = [x['output'] if out == 'clean' else x['forced'] + x['continuation'] for x in parsed]
+      differ = [_names(t) for t in texts if _names(t)[0] != _names(t)[1]]
+      assert all(len(a) == len(b) and 1 <= sum(p != q for p, q in zip(a, b)) <= 2
+                 and sorted(a) != sorted(b) for a, b in differ)   # miscopies, not reorderings
+      got[r, out] = (len(differ), len(parsed))
+  assert got == {('faithful', 'clean'): (8, 144), ('faithful', 'star'): (7, 144),
+                 ('shortcut', 'clean'): (6, 144), ('shortcut', 'star'): (3, 143)}
