@@ -153,3 +153,7 @@ def test_cor_cnf_figure_names_the_settings_it_has_no_point_for(monkeypatch):
   ax = figs[0].axes[0]
   assert [t.get_text() for t in ax.get_legend().get_texts()] == ['a (n 20 / 30)']
   assert any('b +tool (n 9 / 141)' in t.get_text() for t in ax.texts)
+  plots.cor_cnf_figure({'b +tool': dict(reader='b', tool=True, cons_COR=none,
+                                        cons_CNF=cell(0.9), n_COR=5, n_CNF=145)}, 'unused')
+  ax = figs[1].axes[0]
+  assert ax.get_legend() is None and any('(n 5 / 145)' in t.get_text() for t in ax.texts)

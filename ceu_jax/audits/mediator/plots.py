@@ -45,7 +45,8 @@ def cor_cnf_figure(settings: Mapping, stem: str) -> list[str]:
   ax.set_xlabel('COR consistency 1[C(M*) = Ŷ*]')
   ax.set_ylabel('CNF consistency 1[C(M*) = Ŷ*]')
   ax.set_title('Post-intervention consistency (open: with tool)', fontsize=9)
-  ax.legend(fontsize=6, loc='center left', bbox_to_anchor=(1.02, 0.5))
+  if len(absent) < len(settings):   # no empty legend box when no setting has a point
+    ax.legend(fontsize=6, loc='center left', bbox_to_anchor=(1.02, 0.5))
   return plotting.save_figure(fig, stem)
 
 
