@@ -19,6 +19,8 @@ sentences cannot drift from the files.
       §8.4 probe with the argument's verdicts scored (first_pass/: its names scored too)
   issue35_mediator_world_b_tool_named_follow.tar.gz  the same run resumed with the probe's
       names following the input in the lines and the argument: summary, report, probes
+  issue35_mediator_world_b_tool_named_plain.tar.gz  the plain reader with the named tool
+      argument (warm-started from the plain no-tool reader, 40 steps; 2026-11-30)
 """
 from __future__ import annotations
 
@@ -44,7 +46,9 @@ RECORDS = {'line': ('issue35_mediator_world_b.tar.gz', 'mediator_smollm2_ft'),
            'warm': ('issue35_mediator_world_b_tool_warm.tar.gz', 'med_ft_tool_warm'),
            'named': ('issue35_mediator_world_b_tool_named.tar.gz', 'med_ft_tool_named'),
            'named_follow': ('issue35_mediator_world_b_tool_named_follow.tar.gz',
-                            'med_ft_tool_named_follow')}
+                            'med_ft_tool_named_follow'),
+           'named_plain': ('issue35_mediator_world_b_tool_named_plain.tar.gz',
+                           'med_ft_tool_named_plain')}
 
 
 def _load(key, tmp_path_factory):
@@ -290,7 +294,7 @@ def _todays_config(cmd: str):
   return config
 
 
-@pytest.mark.parametrize('key', ['tool', 'warm', 'named'])
+@pytest.mark.parametrize('key', ['tool', 'warm', 'named', 'named_plain'])
 def test_recorded_tool_runs_resume_under_todays_fields(key, tmp_path_factory):
   """A rerun of a recorded World B tool workdir with its own command resumes (the fields
   added since — tool_init, tool_init_steps, max_len_tool, restate_arg — are declared at the
@@ -416,3 +420,34 @@ def test_named_arguments_mostly_name_the_readers_own_lines(tmp_path_factory):
       got[r, out] = (len(differ), len(parsed))
   assert got == {('faithful', 'clean'): (8, 144), ('faithful', 'star'): (7, 144),
                  ('shortcut', 'clean'): (6, 144), ('shortcut', 'star'): (3, 143)}
+
+
+def test_named_plain_tool_reader_follows_its_lines_and_its_own_tool_closes_the_gap(
+    tmp_path_factory):
+  """The plain reader (never corrupted in training) with the named tool argument, warm-started
+  from the plain no-tool reader (40 steps): competent (checklist accuracy 0.975), it copies
+  its lines into the tool (a changed checklist forced: arg* = M* on 125 of 139, the gold on
+  14), so with the argument as written a gap remains (Δ +0.093 [+0.047, +0.140], supported)
+  and with the tool run on its own M̂ none is left (Δ_own 0.000: `tool closes the gap`
+  supported, seed 003's finding, by construction wherever every call parses)."""
+  w, s = _load('named_plain', tmp_path_factory)
+  judged = _redecided(w, s)
+  plain = 'smollm2_lora/plain +tool'
+  assert set(s['settings']) == {plain}
+  tc = json.load(open(os.path.join(w, 'train', 'plain_tool', 'config.json')))
+  assert tc['lora']['init_from'] == os.path.join('..', 'plain')
+  assert tc['train']['num_steps'] == 40 and tc['data']['restate_arg'] is True
+  c = s['competence'][plain]
+  assert c['competent'] and c['n'] == 40 and c['checklist_accuracy'] == 0.975
+  assert round(c['cons_CNF']['value'], 3) == 0.897
+  rows = [x for f in sorted(glob.glob(os.path.join(w, 'units', 'smollm2_lora_plain_tool_[0-9]*.json')))
+          for x in json.load(open(f))]
+  changed = [x for x in rows if x['arg_star'] and x['m_star'] != x['gold']]
+  assert (len(changed), sum(x['arg_star'] == x['m_star'] for x in changed),
+          sum(x['arg_star'] == x['gold'] for x in changed)) == (139, 125, 14)
+  assert judged[f'{plain}: gap'].verdict == 'supported'
+  assert 'Δ +0.093 [+0.047, +0.140] n=150' in judged[f'{plain}: gap'].numbers
+  assert judged[f'{plain}: tool closes the gap'].verdict == 'supported'
+  assert 'Δ_own +0.000 [+0.000, +0.000] n=150' in judged[f'{plain}: tool closes the gap'].numbers
+  assert judged[f'{plain}: asymmetry'].verdict == 'untested'            # COR: 5 items
+  assert s['probes'][plain]['n'] == 56 and s['probes'][plain]['n_degenerate'] == 17
