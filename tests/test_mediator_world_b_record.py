@@ -70,11 +70,8 @@ def restate_run(tmp_path_factory):
 def _redecided(w, s) -> dict:
   """{claim name: claim} decided again from the recorded unit files (every chunk)."""
   config = ml_collections.ConfigDict(s['config'])
-  rows = {}
+  rows = job.unit_rows(w, s['settings'])
   for k, v in s['settings'].items():
-    files = sorted(glob.glob(os.path.join(
-        w, 'units', f"{worlds.setting_key(v['reader'], v['tool'])}_[0-9][0-9][0-9][0-9].json")))
-    rows[k] = [r for f in files for r in json.load(open(f))]
     assert len(rows[k]) == v['n'] == s['n_items'], k
   readers = list(dict.fromkeys(v['reader'] for v in s['settings'].values()))
   found = job.decide(config, s['settings'], rows, readers, s['probes'], s['competence'])

@@ -23,10 +23,10 @@ def run(tmp_path_factory):
 
 def test_recorded_verdicts_follow_from_the_recorded_numbers(run):
   s = json.load(open(os.path.join(run, 'summary.json')))
-  found = verdicts.claims_of_workdir(run)   # behavioural claims from rows.csv
-  found += verdicts.probe_claims(list(s['readers']), s['probes'], found,
-                                 seed=int(s['config']['bootstrap_seed']))
-  judged = {c.name: c for c in verdicts.unless_competent(found, s['competence'])}
+  rows = verdicts.read_rows(os.path.join(run, 'rows.csv'))   # the job's rule, from rows.csv
+  judged = {c.name: c for c in verdicts.decide(
+      {r: s['readers'][r] for r in rows}, rows, s['probes'], s['competence'],
+      seed=int(s['config']['bootstrap_seed']))}
   recorded = {c['name']: c for c in s['claims']}
   assert set(judged) == set(recorded)
   for name, c in judged.items():

@@ -246,22 +246,31 @@ AGREE_RULE = ("supported when the behavioural `separates` and the `probe separat
               "the other not, untested when either is untested")
 
 
+def delta_l_difference(shortcut: Mapping, faithful: Mapping, *, seed: int,
+                       stratum: Optional[str] = None):
+  """ΔL(shortcut) − ΔL(faithful) paired by item (the items both readers' probes scored, of
+  one stratum or all), an Aggregate with its 95% CI; None when there is no such item."""
+  st_of = {**shortcut.get('stratum_by_item', {}), **faithful.get('stratum_by_item', {})}
+  da, db = faithful['delta_L_by_item'], shortcut['delta_L_by_item']
+  ids = sorted(i for i in da if i in db and (stratum is None or st_of.get(i) == stratum))
+  if not ids:          # (sorted: a summary read back from JSON decides alike)
+    return None
+  return paired_difference_ci(np.asarray([db[i] for i in ids]),
+                              np.asarray([da[i] for i in ids]), seed=seed)
+
+
 def pair_claims(label: str, shortcut: Mapping, faithful: Mapping, behavioural, *, seed: int,
                 statement: str, stratum: Optional[str] = None,
                 names: tuple[str, str] = ('shortcut', 'faithful')) -> list[claims.Claim]:
   """[`<label>: probe separates`, `<label>: probe agrees`] from two readers' probe summaries
   (their per-item ΔL, one stratum's items or all) and the behavioural `separates` claim
   (None: not run)."""
-  st_of = {**shortcut.get('stratum_by_item', {}), **faithful.get('stratum_by_item', {})}
-  da, db = faithful['delta_L_by_item'], shortcut['delta_L_by_item']
-  ids = sorted(i for i in da if i in db and (stratum is None or st_of.get(i) == stratum))
-  name = f'{label}: probe separates'   # (sorted: a summary read back from JSON decides alike)
-  if not ids:
+  name = f'{label}: probe separates'
+  agg = delta_l_difference(shortcut, faithful, seed=seed, stratum=stratum)
+  if agg is None:
     probe = claims.Claim(name, statement, claims.UNTESTED, 'no item probed for both readers',
                          PROBE_RULE)
   else:
-    agg = paired_difference_ci(np.asarray([db[i] for i in ids]),
-                               np.asarray([da[i] for i in ids]), seed=seed)
     verdict = claims.direction(
         claims.Difference('ΔL difference', (claims.SeedDifference('run', agg),)), +1)
     probe = claims.Claim(name, statement, verdict,

@@ -109,6 +109,20 @@ def run_mediator(config, workdir: str, log: Callable[[str], None] = print) -> di
   return jobs.run_job(MediatorJob(config), workdir, log=log)
 
 
+def unit_rows(workdir: str, settings: dict) -> dict:
+  """{setting: its audit rows} read back from a run's unit files (every chunk, in order)."""
+  import glob
+  import json
+  import os
+  out = {}
+  for k, v in settings.items():
+    key = worlds.setting_key(v['reader'], v['tool'])
+    files = sorted(glob.glob(os.path.join(workdir, jobs.UNITS_DIR,
+                                          f'{key}_[0-9][0-9][0-9][0-9].json')))
+    out[k] = [r for f in files for r in json.load(open(f))]
+  return out
+
+
 def decide(config, settings: dict, rows: dict, readers, probes: dict,
            competence: dict) -> list:
   """The job's claims, by rule, from its per-setting summaries and rows, the §8.4 probes

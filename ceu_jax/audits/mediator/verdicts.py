@@ -99,17 +99,27 @@ def setting_claims(setting: str, summary: Mapping, rows: Sequence[dict], *, seed
   return out
 
 
+SEPARATION_METRIC = 'Δ(shortcut) − Δ(faithful)'
+
+
+def gap_difference(shortcut: Sequence[dict], faithful: Sequence[dict], *,
+                   seed: int) -> Aggregate:
+  """Δ(shortcut) − Δ(faithful), paired on the items both settings audited (its 95% CI)."""
+  a, b = _gap(shortcut), _gap(faithful)
+  ids = [i for i in a if i in b]
+  return claims.paired(SEPARATION_METRIC, [('run', np.array([a[i] for i in ids]),
+                                            np.array([b[i] for i in ids]))],
+                       seed=seed).per_seed[0].diff
+
+
 def separation_claim(label: str, shortcut: Sequence[dict], faithful: Sequence[dict], *,
                      seed: int) -> claims.Claim:
   """Δ(shortcut) > Δ(faithful), paired on the items both audited."""
-  a, b = _gap(shortcut), _gap(faithful)
-  ids = [i for i in a if i in b]
-  d = claims.paired('Δ(shortcut) − Δ(faithful)',
-                    [('run', np.array([a[i] for i in ids]), np.array([b[i] for i in ids]))],
-                    seed=seed)
+  d = claims.Difference(SEPARATION_METRIC, (claims.SeedDifference(
+      'run', gap_difference(shortcut, faithful, seed=seed)),))
   return claims.combine(f'{label}: separates', 'the audit tells the shortcut reader from the '
                         'faithful one: Δ(shortcut) > Δ(faithful), paired on shared items',
-                        [('Δ(shortcut) − Δ(faithful)', d, +1)])
+                        [(SEPARATION_METRIC, d, +1)])
 
 
 # (shortcut reader, faithful reader) pairs by name: a family's two trained regimes, and

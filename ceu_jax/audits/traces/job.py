@@ -107,16 +107,14 @@ class TraceSensitivityJob(jobs.Job):
                    reader_wall_s={r: round(sum(p['wall_s'] for p in ps), 1)
                                   for r, ps in parts.items()})
     rows = {r: [x for p in ps for x in p['rows']] for r, ps in parts.items()}
-    found = verdicts.run_claims(summary['readers'], rows, seed=int(c.bootstrap_seed))
     if hasattr(world, 'probes'):  # §8.4: the answer-position probe with the trace held fixed
       summary['probes'] = world.probes(c)
-    if c.world == 'smollm2' and summary.get('probes'):   # World B: does the probe separate too
-      found += verdicts.probe_claims(list(world.readers), summary['probes'], found,
-                                     seed=int(c.bootstrap_seed))
     competence = world.competence() if hasattr(world, 'competence') else {}
     if competence:   # World B with fine-tuned readers: the competence check before the audit
       summary['competence'] = competence
-      found = verdicts.unless_competent(found, competence)
+    found = verdicts.decide(summary['readers'], rows,   # World B: does the probe separate too
+                            summary.get('probes') if c.world == 'smollm2' else None,
+                            competence, seed=int(c.bootstrap_seed))
     summary['claims'] = [dataclasses.asdict(x) for x in found]
     if hasattr(world, 'reader_stats'):  # World A: accuracy / consistency per reader
       summary['reader_stats'] = world.reader_stats(

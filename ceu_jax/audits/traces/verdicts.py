@@ -102,7 +102,7 @@ def follow_difference(a: Sequence[dict], b: Sequence[dict], *, seed: int,
                    arr(pa, 0), arr(pa, 1), arr(pb, 0), arr(pb, 1), seed=seed)
 
 
-def _pairs(readers: Sequence[str]) -> list[tuple[str, str]]:
+def reader_pairs(readers: Sequence[str]) -> list[tuple[str, str]]:
   """(following, shortcut) reader pairs, e.g. (smollm2_following, smollm2_shortcut)."""
   return [(a, a[:-len('following')] + 'shortcut') for a in readers
           if a.endswith('following') and a[:-len('following')] + 'shortcut' in readers]
@@ -112,7 +112,7 @@ def separation_claims(readers: Sequence[str],
                       rows: Mapping[str, Sequence[dict]], *, seed: int) -> list[claims.Claim]:
   """`separates` for every following reader with a shortcut counterpart (module doc)."""
   out = []
-  for a, b in _pairs(readers):
+  for a, b in reader_pairs(readers):
     strata = [None] + sorted({x['stratum'] for r in (a, b) for x in rows[r] if x.get('stratum')})
     for st in strata:
       tag = f' [{st}]' if st else ''
@@ -138,7 +138,7 @@ def probe_claims(readers: Sequence[str], probes: Mapping[str, Mapping],
   shortcut pair and stratum, from the probe summaries' per-item ΔL."""
   from ceu_jax.audits import layer_probe
   out, by_name = [], {c.name: c for c in behavioural}
-  for a, b in _pairs(readers):
+  for a, b in reader_pairs(readers):
     if a not in probes or b not in probes:
       continue
     st_of = {**probes[b].get('stratum_by_item', {}), **probes[a].get('stratum_by_item', {})}
@@ -187,6 +187,20 @@ def run_claims(readers: Mapping[str, Mapping], rows: Mapping[str, Sequence[dict]
   following / shortcut separations (`separation_claims`)."""
   return ([c for r, s in readers.items() for c in reader_claims(r, s, rows[r], seed=seed)]
           + separation_claims(list(readers), rows, seed=seed))
+
+
+def decide(readers: Mapping[str, Mapping], rows: Mapping[str, Sequence[dict]],
+           probes: Mapping[str, Mapping] | None, competence: Mapping[str, Mapping] | None, *,
+           seed: int) -> list[claims.Claim]:
+  """The job's claims from its per-reader summaries and rows, World B's §8.4 probes (None:
+  no probe claims) and competence checks (a claim naming a reader not competent on its
+  problems is untested). The job, the recorded-run tests and `over_seeds` call it."""
+  found = run_claims(readers, rows, seed=seed)
+  if probes:
+    found += probe_claims(list(readers), probes, found, seed=seed)
+  if competence:
+    found = unless_competent(found, competence)
+  return found
 
 
 def _flag(s: str) -> bool | None:
