@@ -103,8 +103,21 @@ def test_runs_differing_in_more_than_the_seed_are_refused(recorded, tmp_path):
   other = over_seeds.load(_as_seed(w, str(tmp_path / 'x'), 1, **{'smollm2.probe_items': 8}))
   run = over_seeds.load(w)
   with pytest.raises(ValueError, match=r'differs from .* in more than smollm2\.train\.seed: '
-                                       r'smollm2\.probe_items \(64 vs 8\)'):
+                                       r"smollm2\.probe_items 64 -> 8"):
     over_seeds.decide([run, other])
+  # a field the job added later, absent from one run, at the value that run ran as: the same
+  tool = _as_seed(w, str(tmp_path / 'y'), 1)
+  s = json.load(open(os.path.join(tool, 'summary.json')))
+  del s['config']['smollm2']['tool_init']                 # recorded before tool_init existed
+  json.dump(s, open(os.path.join(tool, 'summary.json'), 'w'))
+  with pytest.raises(ValueError, match=r"smollm2\.tool_init \(absent\) -> 'no_tool'"):
+    over_seeds.check_same([over_seeds.load(tool), run])    # ran as 'fresh' -> not the same
+  # the restated no-tool run predates data.restate_arg; a seed run recorded with it false
+  old = recorded['mediator']
+  new = _as_seed(old, str(tmp_path / 'z'), 1, **{'smollm2.train.data.restate_arg': False})
+  assert 'restate_arg' not in json.load(open(os.path.join(old, 'summary.json')))['config'][
+      'smollm2']['train']['data']
+  over_seeds.check_same([over_seeds.load(old), over_seeds.load(new)])
   with pytest.raises(ValueError, match=r'smollm2\.train\.seed must differ between runs, '
                                        r'got \[0, 0\]'):
     over_seeds.decide([run, run])

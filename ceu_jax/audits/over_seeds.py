@@ -13,7 +13,9 @@ rows carry one — each seed's paired difference is the one its run decided from
 `<pair>: probe agrees` compares the two verdicts over seeds. A claim untested in any seed
 (a reader not competent there, no shared item) is untested over seeds, naming the seed.
 Runs are refused unless they are the same job with the same config up to SEED_FIELD
-(the error names the fields that differ) and distinct seeds. With one run the verdicts
+(compared as the job contract compares a rerun: `workdir.config_diff`, fields the job added
+later at the value the earlier run ran as; the error names the fields that differ) and
+distinct seeds. With one run the verdicts
 are that run's own (tested on the recorded runs).
 """
 from __future__ import annotations
@@ -21,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import ml_collections
 
 from ceu_jax import claims, code_version
+from ceu_jax import workdir as workdir_lib
 from ceu_jax.audits import layer_probe
 
 SEED_FIELD = 'smollm2.train.seed'   # the fine-tunes' seed: rows, corruption draws, adapters
@@ -45,16 +48,6 @@ class Run:
   claims: dict                              # claim name -> claims.Claim, its job's rule
   differences: dict                         # pair claim name -> (kind, its Aggregate or None)
   produced_by: dict                         # summary.json's produced_by (job, code, ...)
-
-
-def _flatten(d: Mapping, prefix: str = '') -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, Mapping):
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
 
 
 def _mediator(workdir: str, summary: dict) -> tuple[list, dict]:
@@ -115,7 +108,7 @@ def load(workdir: str) -> Run:
                      ) from None
   if job not in DECIDERS:
     raise ValueError(f'{workdir}: job {job!r} has no pair claims over seeds; allowed: {JOBS}')
-  flat = _flatten(summary['config'])
+  flat = workdir_lib.flatten(summary['config'])
   if SEED_FIELD not in flat:
     raise ValueError(f'{workdir}: its config has no {SEED_FIELD} (not a run with fine-tuned '
                      'readers)')
@@ -124,25 +117,42 @@ def load(workdir: str) -> Run:
              {c.name: c for c in found}, diffs, summary.get('produced_by', {}))
 
 
+def _added(job: str, d: tuple) -> bool:
+  """A field the job added after one of the runs was recorded, absent from that run's
+  config and at the value it ran as in the other's (the job contract's `added_fields`)."""
+  from ceu_jax import jobs
+  added = _job_class(job).added_fields
+  field, a, b = d
+  if field not in added or (a is not workdir_lib.ABSENT) == (b is not workdir_lib.ABSENT):
+    return False
+  value = b if a is workdir_lib.ABSENT else a
+  return added[field] is jobs.ANY_VALUE or not workdir_lib.config_diff({'v': added[field]},
+                                                                        {'v': value})
+
+
+def _job_class(job: str):
+  if job == 'mediator':
+    from ceu_jax.audits.mediator.job import MediatorJob
+    return MediatorJob
+  from ceu_jax.audits.traces.job import TraceSensitivityJob
+  return TraceSensitivityJob
+
+
 def check_same(runs: Sequence[Run]) -> None:
   """ValueError unless the runs are one job with one config up to SEED_FIELD and their
   seeds differ (naming what differs)."""
   if not runs:
     raise ValueError('runs: give at least one finished run')
   first = runs[0]
-  ref = _flatten(first.config)
   for r in runs[1:]:
     if r.job != first.job:
       raise ValueError(f'runs: {r.workdir} is a {r.job} run, {first.workdir} a {first.job} run')
-    other = _flatten(r.config)
-    differ = sorted(k for k in set(ref) | set(other)
-                    if k != SEED_FIELD and ref.get(k, '(absent)') != other.get(k, '(absent)'))
+    differ = [d for d in workdir_lib.config_diff(first.config, r.config)
+              if d[0] != SEED_FIELD and not _added(first.job, d)]
     if differ:
-      shown = ', '.join(f'{k} ({ref.get(k, "(absent)")!r} vs {other.get(k, "(absent)")!r})'
-                        for k in differ[:5])
       raise ValueError(f'runs: {r.workdir} differs from {first.workdir} in more than '
-                       f'{SEED_FIELD}: {shown}' + (f' and {len(differ) - 5} more'
-                                                   if len(differ) > 5 else ''))
+                       f'{SEED_FIELD}: {workdir_lib.format_diff(differ[:5])}'
+                       + (f' and {len(differ) - 5} more' if len(differ) > 5 else ''))
   seeds = [r.seed for r in runs]
   if len(set(seeds)) != len(seeds):
     raise ValueError(f'runs: {SEED_FIELD} must differ between runs, got {seeds}')
