@@ -15,8 +15,9 @@ rows carry one — each seed's paired difference is the one its run decided from
 Runs are refused unless they are the same job with the same config up to SEED_FIELD
 (compared as the job contract compares a rerun: `workdir.config_diff`, fields the job added
 later at the value the earlier run ran as; the error names the fields that differ) and
-distinct seeds. With one run the verdicts
-are that run's own (tested on the recorded runs).
+distinct seeds. With one run the verdicts are that run's own (tested on the recorded runs).
+Over several, the rule reads the seeds' means, not their CIs: two seeds with the same small
+difference are 'supported' (sd 0), as for the main job's claims.
 """
 from __future__ import annotations
 
