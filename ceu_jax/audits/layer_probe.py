@@ -276,13 +276,19 @@ def pair_claims(label: str, shortcut: Mapping, faithful: Mapping, behavioural, *
     probe = claims.Claim(name, statement, verdict,
                          f'ΔL({names[0]}) − ΔL({names[1]}) {fmt_ci(agg, 3, signed=True)} nats '
                          f'({agg.n} items) → {verdict}', PROBE_RULE)
+  return [probe, agreement(label, probe, behavioural)]
+
+
+def agreement(label: str, probe: claims.Claim, behavioural: Optional[claims.Claim],
+              statement: str = 'the mechanistic probe and the behavioural audit reach the '
+              'same separation verdict') -> claims.Claim:
+  """`<label>: probe agrees` from the `probe separates` and `separates` claims (AGREE_RULE;
+  behavioural None: not run)."""
   v = (probe.verdict, None if behavioural is None else behavioural.verdict)
   if None in v or claims.UNTESTED in v:
     agree = claims.UNTESTED
   else:
     agree = (claims.SUPPORTED if (v[0] == claims.SUPPORTED) == (v[1] == claims.SUPPORTED)
              else claims.NOT_SUPPORTED)
-  return [probe, claims.Claim(f'{label}: probe agrees', 'the mechanistic probe and the '
-                              'behavioural audit reach the same separation verdict', agree,
-                              f'probe: {v[0]}; behavioural: {v[1] or "not run"} → {agree}',
-                              AGREE_RULE)]
+  return claims.Claim(f'{label}: probe agrees', statement, agree,
+                      f'probe: {v[0]}; behavioural: {v[1] or "not run"} → {agree}', AGREE_RULE)

@@ -190,17 +190,10 @@ def decide(runs: Sequence[Run]) -> list[claims.Claim]:
     if not name.endswith(': probe separates'):
       continue
     label = name[:-len(': probe separates')]
-    v = (by_name[name].verdict, by_name.get(f'{label}: separates', None))
-    v = (v[0], None if v[1] is None else v[1].verdict)
-    if None in v or claims.UNTESTED in v:
-      agree = claims.UNTESTED
-    else:
-      agree = (claims.SUPPORTED if (v[0] == claims.SUPPORTED) == (v[1] == claims.SUPPORTED)
-               else claims.NOT_SUPPORTED)
-    out.append(claims.Claim(f'{label}: probe agrees', 'the mechanistic probe and the '
-                            'behavioural audit reach the same separation verdict over seeds',
-                            agree, f'probe: {v[0]}; behavioural: {v[1] or "not run"} → {agree}',
-                            layer_probe.AGREE_RULE))
+    out.append(layer_probe.agreement(
+        label, by_name[name], by_name.get(f'{label}: separates'),
+        'the mechanistic probe and the behavioural audit reach the same separation verdict '
+        'over seeds'))
   return out
 
 
