@@ -31,10 +31,11 @@ import ml_collections
 from ceu_jax import claims, code_version
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.audits import layer_probe
+from ceu_jax.audits.mediator import verdicts as mediator_verdicts
 
 SEED_FIELD = 'smollm2.train.seed'   # the fine-tunes' seed: rows, corruption draws, adapters
 JOBS = ('mediator', 'trace_sensitivity')
-METRICS = {('mediator', 'separates'): 'Δ(shortcut) − Δ(faithful)',
+METRICS = {('mediator', 'separates'): mediator_verdicts.SEPARATION_METRIC,
            ('trace_sensitivity', 'separates'): 'follow(following) − follow(shortcut)',
            ('mediator', 'probe separates'): 'ΔL(shortcut) − ΔL(faithful) (nats)',
            ('trace_sensitivity', 'probe separates'): 'ΔL(shortcut) − ΔL(following) (nats)'}
