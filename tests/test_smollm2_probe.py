@@ -73,6 +73,8 @@ def test_pairs_are_token_aligned_and_differ_in_the_question_only():
     bad.check()
   with pytest.raises(AssertionError, match='differ in the forced output or answer'):
     layer_probe.ProbePair('c', (1, 2, 3, 4), (1, 2, 3, 5), 1, (None,)).check()
+  assert bad.problem() == "item b: D+ and D− differ outside a probe's span"
+  assert all(p.problem() is None for p in pairs)
 
 
 @needs_model

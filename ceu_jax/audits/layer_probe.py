@@ -47,25 +47,33 @@ class ProbePair:
   spans: tuple[Optional[tuple[bool, ...]], ...]   # per probe, over the ids (True: in S)
   scored: Optional[tuple[bool, ...]] = None       # [answer_len] (None: every answer token)
 
-  def check(self) -> None:
-    """AssertionError unless token-aligned and differing inside every span only."""
+  def problem(self) -> Optional[str]:
+    """What makes the pair unusable (None: token-aligned and differing inside every span
+    only)."""
     if len(self.plus) != len(self.minus):
-      raise AssertionError(f'item {self.id}: D+ and D− are not token-aligned')
+      return f'item {self.id}: D+ and D− are not token-aligned'
     diff = [a != b for a, b in zip(self.plus, self.minus)]
     if not any(diff):
-      raise AssertionError(f'item {self.id}: D+ and D− are the same')
+      return f'item {self.id}: D+ and D− are the same'
     if self.scored is not None and (len(self.scored) != self.answer_len or not any(self.scored)):
-      raise AssertionError(f'item {self.id}: `scored` must flag {self.answer_len} answer '
-                           'tokens, at least one of them True')
+      return (f'item {self.id}: `scored` must flag {self.answer_len} answer tokens, at least '
+              'one of them True')
     tail = len(diff) - self.answer_len
     scored = (True,) * self.answer_len if self.scored is None else self.scored
     if any(s and (diff[tail + i] or diff[tail + i - 1]) for i, s in enumerate(scored)):
       # a scored token and the position that predicts it (patched) are the same in D±; an
       # unscored answer token (forced) may differ, as the forced output before it may
-      raise AssertionError(f'item {self.id}: D+ and D− differ in the forced output or answer')
+      return f'item {self.id}: D+ and D− differ in the forced output or answer'
     for s in self.spans:
       if s is not None and any(d and not x for d, x in zip(diff, s)):
-        raise AssertionError(f'item {self.id}: D+ and D− differ outside a probe\'s span')
+        return f'item {self.id}: D+ and D− differ outside a probe\'s span'
+    return None
+
+  def check(self) -> None:
+    """AssertionError naming the `problem`, if any."""
+    problem = self.problem()
+    if problem:
+      raise AssertionError(problem)
 
 
 def _batch(pairs: Sequence[ProbePair], t: int) -> tuple[dict, dict, np.ndarray]:

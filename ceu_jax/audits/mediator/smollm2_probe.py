@@ -140,9 +140,7 @@ def probe_pairs(tok, task: ct.TextChecklistTask, template, checklists: Sequence[
           continue   # (the user-message flags locate the prompt's end: both parts aligned)
         pair = layer_probe.ProbePair(c.id, tuple(plus), tuple(minus), n_dec,
                                      (None,) if follow else (None, span), scored)
-        try:
-          pair.check()   # e.g. a renamed argument item whose name ends in the verdict's token
-        except AssertionError:
+        if pair.problem():   # e.g. a renamed argument item whose name ends in the verdict's token
           pair = None
           continue
         break
