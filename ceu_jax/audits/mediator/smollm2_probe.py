@@ -161,4 +161,5 @@ def layer_figure(probes, stem: str, names: str = 'verbatim') -> list[str]:
   held = 'M held fixed' if names == 'verbatim' else 'M\'s verdicts held fixed, names follow X'
   return layer_probe.layer_figure(
       probes, *probes_of(names), stem,
-      f'§8.4 decision-position probe, {held}, one statement made true (95% CI)')
+      f'§8.4 decision-position probe, {held}, one statement made true (95% CI)\n'
+      'y scored; a tool argument\'s names (when it names them) forced, not scored')
