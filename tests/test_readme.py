@@ -36,3 +36,17 @@ def test_docs_pages_link_to_files_that_exist():
       if link.startswith(("http", "mailto")):
         continue
       assert os.path.exists(os.path.normpath(os.path.join(docs, link))), (name, link)
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_anchors_name_a_heading():
+  text = open(os.path.join(ROOT, "README.md")).read()
+  slugs = {_slug(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+  anchors = re.findall(r"\]\(#([^)]+)\)", text)
+  assert anchors, "the README links to its own sections"
+  for a in anchors:
+    assert a in slugs, a
