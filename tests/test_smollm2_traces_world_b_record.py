@@ -3,6 +3,7 @@ its verdicts are re-decided here from the recorded rows, probe numbers and compe
 by the job's own rules, so the README's sentence cannot drift from the files."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 
@@ -69,3 +70,74 @@ def test_recorded_plain_model_beside_the_fine_tunes(run):
   assert claims['smollm2: follows']['numbers'].startswith(
       'smollm2 not competent (held-out accuracy 0.050 < 0.5); its rows: follow rate +0.085')
   assert s['probes']['smollm2']['n'] == 32
+
+
+# The second training seed (docs/runs/issue35_traces_world_b_s1.tar.gz, 2026-11-30): the
+# same command with --config.smollm2.train.seed=1, both fine-tunes trained anew.
+ARCHIVE_S1 = 'issue35_traces_world_b_s1.tar.gz'
+
+
+@pytest.fixture(scope='module')
+def run_s1(tmp_path_factory):
+  return os.path.join(extract_recorded_run(ARCHIVE_S1, tmp_path_factory.mktemp('rec_s1')),
+                      'traces_smollm2_ft_s1')
+
+
+def test_second_seed_verdicts_follow_from_its_numbers(run_s1):
+  """Seed 1 alone, by the job's rule: the pair separates on the memorised problems, the
+  probe too, so they agree — as in seed 0; the shortcut reader is again competent on its
+  memorised problems only (held-out accuracy 0.325), so fresh and all-item claims naming
+  it are untested."""
+  s = json.load(open(os.path.join(run_s1, 'summary.json')))
+  assert s['config']['smollm2']['train']['seed'] == 1
+  rows = verdicts.read_rows(os.path.join(run_s1, 'rows.csv'))
+  judged = {c.name: c for c in verdicts.decide(
+      {r: s['readers'][r] for r in rows}, rows, s['probes'], s['competence'],
+      seed=int(s['config']['bootstrap_seed']))}
+  recorded = {c['name']: c for c in s['claims']}
+  assert set(judged) == set(recorded)
+  for name, c in judged.items():
+    assert (c.verdict, c.numbers) == (recorded[name]['verdict'], recorded[name]['numbers']), name
+  v = {k: c.verdict for k, c in judged.items()}
+  for what in ('separates', 'probe separates', 'probe agrees'):
+    assert v[f'{PAIR} [memorised]: {what}'] == 'supported', what
+  for tag in ('', ' [fresh]'):
+    assert v[f'{PAIR}{tag}: separates'] == 'untested'
+  assert '+0.443 [+0.385, +0.491]' in judged[f'{PAIR} [memorised]: separates'].numbers
+  assert '+0.185 [+0.026, +0.443]' in judged[f'{PAIR} [memorised]: probe separates'].numbers
+  c = s['competence']
+  assert c['smollm2_following']['competent'] and not c['smollm2_shortcut']['competent']
+  assert c['smollm2_shortcut']['accuracy'] == pytest.approx(0.325)
+  assert c['smollm2_shortcut']['memorised']['accuracy'] == pytest.approx(0.9375)
+
+
+def test_plain_model_rows_equal_across_the_two_seeds(run, run_s1):
+  """The plain model is not trained, so the seed changes nothing it does: its 392 rows in
+  the seed-1 run (code of 2026-11-30) equal the seed-0 run's (2026-11-28) field by field."""
+  a = [r for r in csv.DictReader(open(os.path.join(run, 'rows.csv'))) if r['reader'] == 'smollm2']
+  b = [r for r in csv.DictReader(open(os.path.join(run_s1, 'rows.csv')))
+       if r['reader'] == 'smollm2']
+  assert len(a) == 392 and a == b
+
+
+def test_pair_claims_over_the_two_seeds(run, run_s1):
+  """`experiments.over_seeds` over seeds 0 and 1, by the seed rule (every seed the predicted
+  sign and |mean| ≥ 2 sd): the behavioural separation on the memorised problems is
+  supported (+0.477, +0.443); the probe's is not (+0.406, +0.185: mean 0.296 < 2 sd 0.312),
+  though each seed's own CI excludes 0 — so over seeds the probe does not agree."""
+  from ceu_jax.audits import over_seeds
+  found, text = over_seeds.run([run, run_s1])
+  v = {c.name: c for c in found}
+  mem = f'{PAIR} [memorised]'
+  assert v[f'{mem}: separates'].verdict == 'supported'
+  assert '+0.460 ± 0.024 over 2 seeds' in v[f'{mem}: separates'].numbers
+  assert v[f'{mem}: probe separates'].verdict == 'not supported'
+  assert '+0.296 ± 0.156 over 2 seeds' in v[f'{mem}: probe separates'].numbers
+  assert v[f'{mem}: probe agrees'].verdict == 'not supported'
+  for name in (f'{PAIR}: separates', f'{PAIR} [fresh]: separates'):
+    assert v[name].verdict == 'untested' and 'seed 0:' in v[name].numbers \
+        and 'seed 1:' in v[name].numbers
+  recorded = json.load(open(os.path.join(os.path.dirname(run_s1), 'traces_over_seeds.json')))
+  assert {c['name']: c['verdict'] for c in recorded['claims']} == {
+      k: c.verdict for k, c in v.items()}
+  assert '| 1 |' in text
