@@ -22,9 +22,11 @@ def run(tmp_path_factory):
                       'traces_smollm2_ft')
 
 
-def test_recorded_verdicts_follow_from_the_recorded_numbers(run):
+def _rejudged(run: str) -> tuple[dict, dict]:
+  """(summary, {claim name: Claim}): the run's claims re-decided by the job's rule from its
+  rows.csv, probes and competence checks, each equal to the recorded verdict and numbers."""
   s = json.load(open(os.path.join(run, 'summary.json')))
-  rows = verdicts.read_rows(os.path.join(run, 'rows.csv'))   # the job's rule, from rows.csv
+  rows = verdicts.read_rows(os.path.join(run, 'rows.csv'))
   judged = {c.name: c for c in verdicts.decide(
       {r: s['readers'][r] for r in rows}, rows, s['probes'], s['competence'],
       seed=int(s['config']['bootstrap_seed']))}
@@ -32,6 +34,11 @@ def test_recorded_verdicts_follow_from_the_recorded_numbers(run):
   assert set(judged) == set(recorded)
   for name, c in judged.items():
     assert (c.verdict, c.numbers) == (recorded[name]['verdict'], recorded[name]['numbers']), name
+  return s, judged
+
+
+def test_recorded_verdicts_follow_from_the_recorded_numbers(run):
+  _, judged = _rejudged(run)
   v = {k: c.verdict for k, c in judged.items()}
   assert v[f'{PAIR} [memorised]: separates'] == 'supported'
   assert v[f'{PAIR} [memorised]: probe separates'] == 'supported'
@@ -88,16 +95,8 @@ def test_second_seed_verdicts_follow_from_its_numbers(run_s1):
   probe too, so they agree — as in seed 0; the shortcut reader is again competent on its
   memorised problems only (held-out accuracy 0.325), so fresh and all-item claims naming
   it are untested."""
-  s = json.load(open(os.path.join(run_s1, 'summary.json')))
+  s, judged = _rejudged(run_s1)
   assert s['config']['smollm2']['train']['seed'] == 1
-  rows = verdicts.read_rows(os.path.join(run_s1, 'rows.csv'))
-  judged = {c.name: c for c in verdicts.decide(
-      {r: s['readers'][r] for r in rows}, rows, s['probes'], s['competence'],
-      seed=int(s['config']['bootstrap_seed']))}
-  recorded = {c['name']: c for c in s['claims']}
-  assert set(judged) == set(recorded)
-  for name, c in judged.items():
-    assert (c.verdict, c.numbers) == (recorded[name]['verdict'], recorded[name]['numbers']), name
   v = {k: c.verdict for k, c in judged.items()}
   for what in ('separates', 'probe separates', 'probe agrees'):
     assert v[f'{PAIR} [memorised]: {what}'] == 'supported', what
