@@ -21,11 +21,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 
 FAMILIES: tuple[str, ...] = ("attention", "ssm", "memory_port")
 RETRIEVAL_LAYERS: tuple[str, ...] = ("last", "all")
-DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# Compute dtypes. float64 is for references (tests comparing two computations of one
+# quantity beyond float32 rounding) and needs `jax.enable_x64` where the model is built.
+DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+                          "float64": jnp.float64}
 SCAN_IMPLS: tuple[str, ...] = ("auto", "fused", "linear", "chunked", "associative",
                                "sequential")
 BOS_ID = 1  # "[BOS]" in ceu_jax.data.vocab.SPECIALS
@@ -128,6 +132,9 @@ def validate_model_config(cfg: Any) -> None:
   _choice("preset", _get(cfg, "preset"), tuple(PRESETS))
   _choice("retrieval_layers", _get(cfg, "retrieval_layers", "last"), RETRIEVAL_LAYERS)
   _choice("dtype", _get(cfg, "dtype", "float32"), tuple(DTYPES))
+  if _get(cfg, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:
+    raise ValueError("model.dtype='float64' needs 64-bit JAX (build the model inside "
+                     "`with jax.enable_x64(True):`); otherwise one of ('float32', 'bfloat16')")
   bypass = _get(cfg, "bypass", False)
   read_port = _get(cfg, "read_port", -1)
   n_ports = len(_retrieval_layers(cfg))

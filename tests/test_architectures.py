@@ -377,6 +377,16 @@ def test_bad_model_config_names_field_and_allowed(field, value):
     architectures.read_port_sites(cfg)
 
 
+def test_float64_needs_64_bit_jax():
+  """dtype 'float64' (references) is refused outside `jax.enable_x64`, naming the field;
+  inside it the model computes in float64."""
+  cfg = dict(family="attention", preset="p100k", dtype="float64")
+  with pytest.raises(ValueError, match=r"model.dtype='float64' needs 64-bit JAX"):
+    architectures.build_model(cfg, **SIZES)
+  with jax.enable_x64(True):
+    assert architectures.build_model(cfg, **SIZES).spec.compute_dtype == jnp.float64
+
+
 def test_bad_override_and_sizes():
   with pytest.raises(ValueError, match="model.overrides: unknown field"):
     _model("ssm", overrides={"widht": 3})

@@ -40,10 +40,13 @@ CFG = losses.LossConfig(regularizer="evidence_distractor", k=3, beta_swap=0.4,
 
 
 @functools.lru_cache(maxsize=None)
-def _setup(family: str):
-  model_cfg = dict(family=family, preset="p100k", bypass=False,
+def _setup(family: str, dtype: str = "float32"):
+  """(model, params, D+, D−, site); dtype 'float64' only inside `jax.enable_x64(True)`."""
+  model_cfg = dict(family=family, preset="p100k", bypass=False, dtype=dtype,
                    overrides={**SMALL, **FAMILY_OVERRIDES[family]})
-  return test_losses_cer.cer_setup(model_cfg, B)
+  model, params, clean, corrupt, site = test_losses_cer.cer_setup(model_cfg, B)
+  params = jax.tree.map(lambda p: p.astype(model.spec.compute_dtype), params)
+  return model, params, clean, corrupt, site
 
 
 def two_forward_reference(model, variables, site, clean, corrupt, probes, frozen,
@@ -60,8 +63,8 @@ def two_forward_reference(model, variables, site, clean, corrupt, probes, frozen
   return logits, l_int, loglik(variables, ModelInputs.of(corrupt))
 
 
-def _loss_and_grads(family: str, cfg: losses.LossConfig):
-  model, params, clean, corrupt, site = _setup(family)
+def _loss_and_grads(family: str, cfg: losses.LossConfig, dtype: str = "float32"):
+  model, params, clean, corrupt, site = _setup(family, dtype)
   fn = lambda p: losses.cer_loss(p, model, site, clean, corrupt, jax.random.PRNGKey(7), cfg,
                                  allow_approximate=family == "memory_port")
   return jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
@@ -71,16 +74,23 @@ def _loss_and_grads(family: str, cfg: losses.LossConfig):
     ("attention", "all"), ("ssm", "all"), ("memory_port", "all"),
     ("attention", "numerator")])   # numerator mode is family-independent code
 def test_loss_and_grads_equal_two_forward_reference(family, grad_path, monkeypatch):
+  """In float64 (the model's compute dtype, inside `jax.enable_x64`): the two computations
+  add the same terms in different orders (here the two runs on D+ share one cotangent), and
+  in float32 that alone moved a gradient element by 1.7e-5 of its leaf's scale on one host
+  (memory_port; 9e-7 on others), so float32 would test the host's rounding, not the algebra.
+  The reference's own float32 noise (the batch reversed) was 4e-7 there."""
   cfg = CFG.__class__(**{**CFG.__dict__, "grad_path": grad_path})
-  (loss, metrics), grads = _loss_and_grads(family, cfg)
-  monkeypatch.setattr(losses, "clean_forward_and_probes", two_forward_reference)
-  (want_loss, want_metrics), want_grads = _loss_and_grads(family, cfg)
+  ratio_tol = _ratio_tolerance(family)   # float32 L's (below): outside the float64 context
+  with jax.enable_x64(True):
+    (loss, metrics), grads = _loss_and_grads(family, cfg, "float64")
+    monkeypatch.setattr(losses, "clean_forward_and_probes", two_forward_reference)
+    (want_loss, want_metrics), want_grads = _loss_and_grads(family, cfg, "float64")
+  assert {str(g.dtype) for g in jax.tree.leaves(grads)} == {"float64"}
 
   # The CER terms are live (otherwise the comparison would not test the recording).
   assert float(metrics["cer_valid_frac"]) > 0 and float(metrics["cer_ev"]) > 0, metrics
   np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-5)
   assert set(metrics) == set(want_metrics)
-  ratio_tol = _ratio_tolerance(family)
   for name in metrics:
     tol = ratio_tol if name in RATIO_METRICS else 1e-5
     np.testing.assert_allclose(metrics[name], want_metrics[name], rtol=tol, atol=tol,
@@ -101,6 +111,7 @@ def test_loss_and_grads_equal_two_forward_reference(family, grad_path, monkeypat
 RATIO_METRICS = ("ceu_ev", "ceu_dis", "ceu_control")
 
 
+@functools.lru_cache(maxsize=None)   # two parametrisations share the attention family's
 def _ratio_tolerance(family: str) -> float:
   model, params, clean, corrupt, site = _setup(family)
   variables, loglik = {"params": params}, adapter.loglik_fn_for(model)
@@ -148,18 +159,27 @@ def test_engine_entry_equals_separate_runs(chunk_size, hoist):
                                            site=site, probes=probes, chunk_size=chunk_size,
                                            hoist=hoist)
 
+  (logits, l_int), (want_logits, want_l_int, l_minus) = both(variables), _separate_runs()
+  assert logits.shape == want_logits.shape and l_int.shape == (3, B)
+  np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(l_int, want_l_int, rtol=1e-5, atol=1e-5)
+  # The patch moves L_int away from L− (so equal L_int is not trivially L−).
+  assert float(jnp.abs(l_int - l_minus).max()) > 1e-2
+
+
+@functools.lru_cache(maxsize=None)   # the same reference values for every parametrisation
+def _separate_runs():
+  """run_fn(D+), `intervened_logliks` unchunked and L− on the attention inputs: separate
+  programs, the reference of `clean_run_and_intervened`."""
+  model, variables, clean, corrupt, site, probes = _engine_inputs()
+  logits_fn, loglik = adapter.logits_fn_for(model), adapter.loglik_fn_for(model)
+
   @jax.jit
   def separate(v):
     return logits_fn(v, clean), engine.intervened_logliks(
         loglik, v, clean=clean, corrupt=corrupt, site=site, probes=probes, chunk_size=3)
 
-  (logits, l_int), (want_logits, want_l_int) = both(variables), separate(variables)
-  assert logits.shape == want_logits.shape and l_int.shape == (3, B)
-  np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(l_int, want_l_int, rtol=1e-5, atol=1e-5)
-  # The patch moves L_int away from L− (so equal L_int is not trivially L−).
-  l_minus = jax.jit(loglik)(variables, corrupt)
-  assert float(jnp.abs(l_int - l_minus).max()) > 1e-2
+  return (*separate(variables), jax.jit(loglik)(variables, corrupt))
 
 
 def test_engine_entry_full_site_and_clean_grad():

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ceu_jax.pretrained import gguf_loader
+from tests.conftest import SESSION_CACHE
 from tests.test_train_helpers import (assert_trees_equal, checkpoint_steps, describe,
                                       load_state, metric_rows, run_train, status)
 
@@ -27,16 +28,16 @@ STEPS = 6  # tiny: 6 steps, checkpoints every 2
 EXIT_PREEMPTED, EXIT_DIVERGED = 75, 65
 
 
-def _run(ref, workdir, *overrides):
-  return run_train(CONFIG, workdir, '--eval=none', *overrides, cache_dir=ref['cache'],
+def _run(ref, workdir, *overrides, evaluate='none'):
+  return run_train(CONFIG, workdir, f'--eval={evaluate}', *overrides, cache_dir=ref['cache'],
                    module=MODULE, fast_compile=True)  # compile-bound; all runs alike
 
 
 @pytest.fixture(scope='module')
 def ref(tmp_path_factory):
   d = tmp_path_factory.mktemp('smollm2_cer')
-  r = dict(dir=d, cache=str(d / 'jax_cache'), workdir=str(d / 'reference'))
-  proc = _run(r, r['workdir'])
+  r = dict(dir=d, cache=SESSION_CACHE, workdir=str(d / 'reference'))   # every program cached
+  proc = _run(r, r['workdir'], evaluate='trained')   # trains, then evaluates (one process)
   assert proc.returncode == 0, describe(proc)
   assert status(r['workdir'])['status'] == 'completed'
   return r
@@ -106,11 +107,10 @@ def test_bad_read_layer_is_one_line_before_compiling(ref, tmp_path):
 
 
 def test_held_out_evaluation_smoke(ref):
-  """The entry point's evaluation of the trained checkpoint (tiny: 8 held-out pairs)."""
+  """The entry point's evaluation of the trained checkpoint (tiny: 8 held-out pairs),
+  written by the reference run (`--eval=trained`: train, then evaluate)."""
   import json  # pylint: disable=g-import-not-at-top
   from ceu_jax.metrics.text import exact_match  # pylint: disable=g-import-not-at-top
-  proc = _run(ref, ref['workdir'], '--eval=trained')
-  assert proc.returncode == 0, describe(proc)
   out = os.path.join(ref['workdir'], 'eval_trained')
   with open(os.path.join(out, 'summary.json')) as f:
     s = json.load(f)

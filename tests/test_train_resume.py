@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 from tests import test_train_helpers
+from tests.conftest import SESSION_CACHE
 from tests.test_train_helpers import (assert_trees_equal, checkpoint_steps, describe, load_state,
                                 metric_rows, status, write_config)
 
@@ -28,7 +29,7 @@ EXIT_PREEMPTED, EXIT_DIVERGED = 75, 65
 def ref(tmp_path_factory):
   d = tmp_path_factory.mktemp("train_resume")
   cfg = write_config(str(d))
-  cache = str(d / "jax_cache")
+  cache = SESSION_CACHE   # every program cached; shared with test_train_sharding's 1-device run
   workdir = str(d / "reference")
   proc = run_train(cfg, workdir, cache_dir=cache)
   assert proc.returncode == 0, describe(proc)
