@@ -140,3 +140,37 @@ def test_pair_claims_over_the_two_seeds(run, run_s1):
   assert {c['name']: c['verdict'] for c in recorded['claims']} == {
       k: c.verdict for k, c in v.items()}
   assert '| 1 |' in text
+
+
+def _metrics_row(label: str, a: dict, b: dict) -> str:
+  """The README's row of 002's metrics for one reader from its summaries in seeds 0 and 1
+  ('x / y' where the seeds differ, ' ; ' between the seeds' breakdowns)."""
+  v = lambda x: f"{x['value']:.3f}"
+  both = lambda f: f(a) if f(a) == f(b) else f'{f(a)} / {f(b)}'
+  taus = ('causal_inversion', 'fact_reversal', 'logic_flip')
+  lens = sorted(a['by_trace_len'])
+  by_tau = lambda r: ' / '.join(v(r['by_tau'][t]['phi']) for t in taus)
+  by_len = lambda r: ' / '.join(v(r['by_trace_len'][n]['follow']) for n in lens)
+  split = lambda f: f(a) if f(a) == f(b) else f'{f(a)} ; {f(b)}'
+  ns = ' / '.join(str(a['by_trace_len'][n]['n']) for n in lens)
+  assert a['n_parse_failure'] == b['n_parse_failure'] == 0
+  return (f"| {label} | {both(lambda r: v(r['all']['phi']))} | {both(lambda r: v(r['all']['rho']))} "
+          f"| {both(lambda r: v(r['all']['follow']))} | {split(by_tau)} | {split(by_len)} "
+          f"(n = {ns}) | 0 of {a['all']['n']} |")
+
+
+def test_readme_quotes_the_002_metrics_of_both_seeds(run, run_s1):
+  """φ, ρ, follow rate, φ by τ and follow rate by trace length in the README's World B
+  trace table are the archived runs' (issue #35 item 3); no regeneration failed to parse
+  in any τ or trace length."""
+  readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
+  s0, s1 = (json.load(open(os.path.join(r, 'summary.json'))) for r in (run, run_s1))
+  for reader, label in (('smollm2_following', 'following'), ('smollm2_shortcut', 'shortcut'),
+                        ('smollm2', 'plain SmolLM2-135M-Instruct')):
+    a, b = s0['readers'][reader], s1['readers'][reader]
+    for r in (a, b):
+      assert r['parse_failure_rate'] == r['all']['regen_parse_failure'] == 0.0
+      assert all(x['regen_parse_failure'] == 0.0
+                 for x in (*r['by_tau'].values(), *r['by_trace_len'].values()))
+    row = _metrics_row(label, a, b)
+    assert row in readme, row
