@@ -152,3 +152,51 @@ def test_own_mediator_counts_calls_that_stop_parsing(checklists):
   assert s['F_ID_own'].value == 1.0 and s['F_ID'].value < 1.0  # arg ≠ M̂ on every row
   assert s['F_Strong_own'].value == 0.5 and s['delta_own'].value == 0.5
   assert s['fail_reasons_star']['cut_budget'] == 10
+
+
+def _regex_items(rest: str, named: bool):
+  """The earlier parser (the reference): one regex over the whole argument — exponential
+  backtracking in the number of items when no ')' closes it, so only short strings here."""
+  import re
+  x = ct._ARG_NAMED if named else ct._ARG_ITEM   # pylint: disable=protected-access
+  m = re.compile(rf'\s*\[?\s*({x}(?:\s*,\s*{x})*)\s*\]?\s*\)', re.I).match(rest)
+  return None if m is None else m.group(1).split(',')
+
+
+def _verdicts(items):
+  return None if items is None else tuple(
+      ct._ARG_VERDICT.search(a).group(1).lower() for a in items)   # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('named', [False, True])
+def test_tool_argument_items_equal_the_one_regex_parser(named):
+  """`tool_argument_items` accepts exactly the arguments the earlier regex accepted, with the
+  same verdicts, on 4,000 random strings built from the argument's pieces (at most 4 items,
+  where the regex is still fast); and a 40-item argument with no ')' is refused at once."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  pieces = ['YES', 'no', 'Yes', 'Hamburg', 'North Yesler', ': ', ':', ',', ', ', ' ', '\n', '[',
+            ']', ')', '(', '**', '"', "'", '`', '_', 'x', '.']
+  pick = lambda xs: xs[rng.integers(len(xs))]
+
+  def structured() -> str:   # an argument's shape, each part varied, sometimes broken
+    names = ['', 'Hamburg: ', 'North Yesler :', '[Nile]: ', 'x'] if named else ['', '', 'x: ']
+    items = [pick(names) + pick(['', '**', '"'])
+             + pick(['YES', 'no', 'Yes', 'maybe']) + pick(['', '**', '"', ' '])
+             for _ in range(rng.integers(1, 5))]
+    return (pick(['', ' ', '\n', '[', ' [ ']) + pick([',', ', ', ' ,\n']).join(items)
+            + pick(['', ' ', ']', ' ] ']) + pick([')', ')', ') and more', '', '(']))
+
+  agree = accepted = 0
+  for i in range(4000):
+    rest = structured() if i % 2 else ''.join(rng.choice(pieces, size=rng.integers(1, 12)))
+    if rest.count(',') > 3:
+      continue
+    got, want = ct.tool_argument_items(rest, named), _regex_items(rest, named)
+    assert _verdicts(got) == _verdicts(want), repr(rest)
+    agree += 1
+    accepted += want is not None
+  assert agree > 3000 and accepted > 100, (agree, accepted)
+  assert ct.tool_argument_items(' Hamburg Alpha: YES , Berlin Beta: NO ,' * 20, named) is None
+  long = ', '.join(['Hamburg: YES' if named else 'YES'] * 40) + ')'
+  assert len(ct.tool_argument_items(long, named)) == 40

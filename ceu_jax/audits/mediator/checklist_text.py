@@ -64,8 +64,27 @@ _FIRST_LINE = re.compile(r'^[ \t]*[*_]*[ \t]*1[ \t]*[.):]', re.M)  # where the l
 _COUNT = re.compile(r'[\s*_]*(\d+)')
 _ARG_ITEM = r'[*_"\'`]*\s*(?:yes|no)\s*[*_"\'`]*'
 _ARG_NAMED = rf'(?:[^,:()\n]{{1,80}}:\s*)?{_ARG_ITEM}'   # an item 'Hamburg: YES' (restate_arg)
-_TOOL_ARG = {named: re.compile(rf'\s*\[?\s*({x}(?:\s*,\s*{x})*)\s*\]?\s*\)', re.I)
-             for named, x in ((False, _ARG_ITEM), (True, _ARG_NAMED))}
+# one item of a tool argument with the whitespace around it (the argument is split at its
+# commas first: one regex over the whole list backtracked exponentially in the number of
+# items when no ')' closed it — 13 s for 9 named items)
+_ARG_ITEM_FULL = {named: re.compile(rf'\s*{x}\s*', re.I)
+                  for named, x in ((False, _ARG_ITEM), (True, _ARG_NAMED))}
+
+
+def tool_argument_items(rest: str, named: bool) -> Optional[list[str]]:
+  """The items of the tool call's argument at the start of `rest` ('[YES, NO])' or
+  ' Hamburg: YES, Berlin: NO)'), or None unless `rest` is whitespace, an optional '[',
+  items separated by commas, an optional ']' and ')'. Linear time: no item holds ',', '('
+  or ')', so the argument ends at the first ')'."""
+  end = rest.find(')')
+  if end < 0:
+    return None
+  body = rest[:end].strip()
+  body = body[1:] if body.startswith('[') else body
+  body = body[:-1] if body.endswith(']') else body
+  items = body.split(',')
+  return items if all(_ARG_ITEM_FULL[named].fullmatch(x) for x in items) else None
+
 _ARG_VERDICT = re.compile(r'(yes|no)[*_"\'`\s]*$', re.I)   # an item's verdict: its last word
 _CUES = {False: re.compile(r'[\s*_`#]*count\s*[*_]*\s*[:=][*_]*', re.I),
          True: re.compile(r'[\s*_`#]*tool\s*:?\s*count\s*\(', re.I)}
@@ -255,11 +274,10 @@ class TextChecklistTask:
     if rest is None:
       return None, None
     if tool:
-      x = _TOOL_ARG[self.named_arg].match(rest)
-      if x is None:
+      items = tool_argument_items(rest, self.named_arg)
+      if items is None:
         return None, None
-      arg = tuple(int(_ARG_VERDICT.search(a).group(1).lower() == 'yes')
-                  for a in x.group(1).split(','))
+      arg = tuple(int(_ARG_VERDICT.search(a).group(1).lower() == 'yes') for a in items)
       if len(arg) != self.r:
         return None, None
       return self.decide(arg), arg
