@@ -448,3 +448,33 @@ def test_named_plain_tool_reader_follows_its_lines_and_its_own_tool_closes_the_g
   assert 'Δ_own +0.000 [+0.000, +0.000] n=150' in judged[f'{plain}: tool closes the gap'].numbers
   assert judged[f'{plain}: asymmetry'].verdict == 'untested'            # COR: 5 items
   assert s['probes'][plain]['n'] == 56 and s['probes'][plain]['n_degenerate'] == 17
+
+
+def metrics_row(label: str, setting: dict) -> str:
+  """The README's row of 003's metrics for one reader (F_ID, F_Strong, Δ with its paired CI,
+  COR / CNF consistency with their cells' sizes, Δ_own with the tool, parse failures)."""
+  f = lambda x: '—' if x.get('value') is None else f"{x['value']:.3f}"
+  ci = lambda x: f"{x['value']:+.3f} [{x['ci_low']:+.3f}, {x['ci_high']:+.3f}]"
+  cell = lambda x, n: f'{f(x)} ({n})' if x.get('value') is not None else f'— ({n} < 10)'
+  own = ci(setting['delta_own']) if setting['tool'] else '—'
+  return (f"| {label} | {f(setting['F_ID'])} | {f(setting['F_Strong'])} | "
+          f"{ci(setting['delta'])} | {cell(setting['cons_COR'], setting['n_COR'])} | "
+          f"{cell(setting['cons_CNF'], setting['n_CNF'])} | {own} | "
+          f"{f(setting['parse_fail_any'])} |")
+
+
+def test_readme_quotes_the_003_metrics_of_every_fine_tuned_reader(tmp_path_factory):
+  """Issue #35 item 3: F_ID, F_Strong, Δ, COR / CNF consistency, Δ_own and parse failures of
+  every competent fine-tuned checklist reader in the README are the archived runs' (the
+  second seed's rows: tests/test_mediator_world_b_seeds_record.py)."""
+  readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
+  sources = {'restate': ('`Hamburg: YES` lines, no tool', ('faithful', 'shortcut')),
+             'plain': ('`Hamburg: YES` lines, no tool', ('plain',)),
+             'named': ('named tool argument, seed 0', ('faithful +tool', 'shortcut +tool')),
+             'named_plain': ('named tool argument, seed 0', ('plain +tool',))}
+  rows = []
+  for key, (fmt, readers) in sources.items():
+    w, s = _load(key, tmp_path_factory)
+    rows += [metrics_row(f'{r} | {fmt}', s['settings'][f'smollm2_lora/{r}']) for r in readers]
+  for row in rows:
+    assert row in readme, row
