@@ -47,9 +47,11 @@ No shapes: per-item Python.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import types
 import zlib
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -143,15 +145,22 @@ def _mentions(text: str, entity: str) -> bool:
   return entity.lower() in text.lower()
 
 
+@functools.lru_cache(maxsize=4)
+def _eligible_texts(max_words: int, r: int) -> Mapping[str, str]:
+  """{passage id: text} of the shipped passages of <= max_words words with >= r entities,
+  read and scanned once per process (a World B job builds its checklists several times:
+  the audit, every reader's training rows and competence items)."""
+  from ceu_jax.data.factqa import storage
+  texts = {pid: ' '.join(p['sentences']) for pid, p in storage.read_passages().items()}
+  return types.MappingProxyType({pid: t for pid, t in texts.items()
+                                 if len(t.split()) <= max_words and len(entities(t)) >= r})
+
+
 def build(n: int, *, r: int = 4, seed: int = 0, max_words: int = 90, split_ids=None
           ) -> list[Checklist]:
   """n checklists from the shipped passages (deterministic in seed); ValueError if too few."""
-  from ceu_jax.data.factqa import storage
-  passages = storage.read_passages()
-  texts = {pid: ' '.join(p['sentences']) for pid, p in passages.items()}
-  pool = sorted((pid for pid, t in texts.items()
-                 if len(t.split()) <= max_words and len(entities(t)) >= r
-                 and (split_ids is None or pid in split_ids)),
+  texts = _eligible_texts(max_words, r)
+  pool = sorted((pid for pid in texts if split_ids is None or pid in split_ids),
                 key=lambda pid: zlib.crc32(f'{seed}:{pid}'.encode()))
   if len(pool) < n + 1:
     raise ValueError(f'n_items = {n} but only {len(pool)} passages of <= {max_words} words '
