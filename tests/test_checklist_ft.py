@@ -286,7 +286,8 @@ def test_decision_probe_pairs_make_one_false_statement_true():
 
 
 @needs_model
-def test_named_argument_probe_scores_the_verdicts_and_equals_the_engine():
+def test_named_argument_probe_scores_the_verdicts_and_equals_the_engine(fast_compiled):
+  # compile-bound: most XLA optimisations off (2026-11-30: 18 -> 11 s)
   """restate_arg: the probe's decision is the argument 'Hamburg: YES, …)'; its names are
   forced, not scored (a name is a copy, not the decision): the scored tokens decode to the
   verdicts, separators and ')' exactly, in D+ and D− alike. The batched fast path with this

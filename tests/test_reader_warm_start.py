@@ -19,6 +19,10 @@ from ceu_jax.pretrained import gguf_loader
 from configs import mediator as mediator_config
 from configs import smollm2_checklist as C
 
+# compile-bound (short runs of many small programs): most XLA optimisations off
+# (2026-11-30, alone beside a copy with them on: 39 -> 29 s)
+pytestmark = pytest.mark.usefixtures("fast_compiled_module")
+
 _WHY = gguf_loader.is_available()
 needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
 

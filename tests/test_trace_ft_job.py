@@ -19,7 +19,10 @@ from ceu_jax.pretrained import gguf_loader
 from configs import trace_sensitivity as cfgs
 
 _WHY = gguf_loader.is_available()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
+# compile-bound: most XLA optimisations off (2026-11-30: 62 -> 55 s; not in the decode-bound
+# trace_text / trace_identity modules, which they slow down: 82 -> 120 s)
+pytestmark = [pytest.mark.usefixtures("fast_compiled_module"),
+              pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')]
 
 READERS = ('smollm2', 'smollm2_following', 'smollm2_shortcut')
 ARG = 'tiny,world=smollm2,readers=' + '+'.join(READERS)
