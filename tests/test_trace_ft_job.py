@@ -20,7 +20,7 @@ from configs import trace_sensitivity as cfgs
 
 _WHY = gguf_loader.is_available()
 # compile-bound: most XLA optimisations off (2026-11-30: 62 -> 55 s; not in the decode-bound
-# trace_text / trace_identity modules, which they slow down: 82 -> 120 s)
+# trace_text / trace_identity modules, which they slow down: 90 -> 124 s)
 pytestmark = [pytest.mark.usefixtures("fast_compiled_module"),
               pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')]
 
