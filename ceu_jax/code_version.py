@@ -3,13 +3,18 @@ checkout (the README's `pip install -e .`), the commit and the files changed sin
 
 Recorded in every workdir event (W/provenance.json), in every job's summary.json
 (`produced_by.versions.code`) and in every grid cell's result.json; the grid report
-names the code of its cells and warns when they differ.
+names the code of its cells and warns when they differ. `versions()` adds the Python, jax,
+flax and numpy versions and the CPU: XLA:CPU compiles for the CPU it runs on, so the same
+code and libraries can round differently on another CPU (README, the main job on a third
+host).
 """
 from __future__ import annotations
 
 import functools
 import os
+import platform
 import subprocess
+import sys
 
 import ceu_jax
 
@@ -57,3 +62,28 @@ def describe(code: dict | None) -> str:
            else "outside a git checkout")
   extra = f" (+ {code['n_changed']} changed files)" if code.get("dirty") else ""
   return f"ceu_jax {code.get('ceu_jax', '?')} {where}{extra}"
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo on Linux, else `platform.processor()`), and the
+  architecture when neither names it."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or "?"
+
+
+def versions() -> dict:
+  """What produced a result: the code (`code_version`), Python, jax / flax / numpy where
+  imported, and the CPU (recorded in summary.json and in every grid cell's result.json)."""
+  out = {"python": sys.version.split()[0], "code": code_version(), "cpu": cpu_model()}
+  for name in ("jax", "flax", "numpy"):
+    mod = sys.modules.get(name)
+    if mod is not None:
+      out[name] = getattr(mod, "__version__", "?")
+  return out

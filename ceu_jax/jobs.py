@@ -279,14 +279,7 @@ def _agree(done: list[bool]) -> list[bool]:
   return [bool(x) for x in multihost_utils.broadcast_one_to_all(np.asarray(done, bool))]
 
 
-def versions() -> dict:
-  """Versions of what produced a result (recorded in summary.json)."""
-  out = {"python": sys.version.split()[0], "code": code_version.code_version()}
-  for name in ("jax", "flax", "numpy"):
-    mod = sys.modules.get(name)
-    if mod is not None:
-      out[name] = getattr(mod, "__version__", "?")
-  return out
+versions = code_version.versions   # what produced a result (recorded in summary.json)
 
 
 def run_job(job: Job, workdir: str, *, log: Callable[[str], None] = print) -> dict:

@@ -98,12 +98,26 @@ def test_written_into_provenance_and_job_summaries(tmp_path):
   assert jobs.versions()["code"] == cv.code_version()
 
 
+def test_versions_name_the_libraries_and_the_cpu():
+  import jax  # noqa: F401  (imported: its version is listed)
+  got = cv.versions()
+  assert jobs.versions is cv.versions          # one function for summaries and grid cells
+  assert got["jax"] == jax.__version__ and got["code"] == cv.code_version()
+  assert isinstance(got["cpu"], str) and got["cpu"] and got["cpu"] != "?"
+  if os.path.exists("/proc/cpuinfo"):
+    names = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+             if l.startswith("model name")]
+    assert not names or got["cpu"] == names[0]
+
+
 def test_grid_cells_record_it_and_the_report_names_it(tmp_path):
   from tests.test_grid_driver import base_config, fake_cell
   runner.run_grid(base_config(), str(tmp_path), fake_cell, log=lambda s: None)
   results, _ = runner.load_results(str(tmp_path))
   assert results and all(r["code"] == json.loads(json.dumps(cv.code_version()))
                          for r in results)
+  # and the libraries and the CPU: XLA:CPU rounds differently on another CPU
+  assert all(r["versions"] == json.loads(json.dumps(cv.versions())) for r in results)
   assert report.code_lines(results) == [
       f"Code: {cv.describe(cv.code_version())} (every cell).", ""]
   a = dict(ceu_jax="0.1.0", commit="a" * 40, dirty=False, n_changed=0)

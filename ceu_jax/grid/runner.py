@@ -116,6 +116,7 @@ def run_cell(cell: sweep_lib.Cell, workdir: str, cell_fn: CellFn, shard: str = "
       io.write_json_atomic(os.path.join(d, "config.json"), cell.config.to_dict())
       ran_by = dict(host=socket.gethostname(), pid=os.getpid(), shard=shard,
                     code=code_version.code_version(),
+                    versions=code_version.versions(),   # libraries and CPU (rounding)
                     xla_flags=os.environ.get("XLA_FLAGS", ""))   # e.g. one thread per op
       start = time.time()
       try:
