@@ -22,26 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
 import ceu_jax  # noqa: F401  (the library's XLA:CPU settings, before JAX starts)
+from ceu_jax import code_version
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-
-def cpu_name() -> str:
-  """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or 'unknown'
 
 
 def _program():
@@ -112,7 +100,7 @@ def main(argv=None) -> None:
   a = p.parse_args(argv)
   if a.reps < 1:
     p.error(f'--reps must be >= 1, got {a.reps}')
-  print(f'HOST cpu "{cpu_name()}" cores {os.cpu_count()} jax {jax.__version__} '
+  print(f'HOST cpu "{code_version.cpu_model()}" cores {os.cpu_count()} jax {jax.__version__} '
         f'backend {jax.default_backend()}', flush=True)
   for name, (value, unit) in measure(a.reps).items():
     print(f'HOST {name} {value:.3f} {unit}', flush=True)
