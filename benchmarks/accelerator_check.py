@@ -4,6 +4,16 @@ r"""The project's timings on whatever backend JAX finds (issue #37, item 7).
   python -m benchmarks.accelerator_check --tiny          # seconds-long shapes (CI, on the CPU)
   python -m benchmarks.accelerator_check --out DIR       # also DIR/accelerator_check.json, DIR/<section>.log
   python -m benchmarks.accelerator_check --sections backend,cell
+  python -m benchmarks.accelerator_check --limits train=200,cell=130 --steps 10 --rounds 2
+                                          # fit one 10-minute device command
+
+Compiled programs are kept in a persistent JAX compilation cache (full check:
+--cache_dir, default <tmp>/ceu_jax_accelerator_check_cache; --cache_dir=none turns
+it off; --tiny: off unless named) shared by every section's subprocess, so a rerun
+on the same machine after a section ran out of time skips the compiles it already
+did (on an H200 one train-step program compiles in 31-44 s). The first line says
+how many programs the cache held before the run: compile times printed by a rerun
+that found its programs there are cache loads, not compiles.
 
 Sections, each in a subprocess of its own with a time limit (a section that fails
 or hangs is reported and the next one runs), in this order:
@@ -53,7 +63,8 @@ LIMITS = {"backend": (60, 60), "train": (300, 240), "cell": (180, 300),
           "decode": (150, 180), "audit": (200, 240)}
 
 
-def _commands(tiny: bool, workdir: str) -> dict[str, list[list[str]]]:
+def _commands(tiny: bool, workdir: str, steps: int = 20,
+              rounds: int = 3) -> dict[str, list[list[str]]]:
   """section -> the command lines it runs (python -m ... ), in order."""
   py = [sys.executable, "-m"]
   me = py + ["benchmarks.accelerator_check"] + (["--tiny"] if tiny else [])
@@ -67,7 +78,8 @@ def _commands(tiny: bool, workdir: str) -> dict[str, list[list[str]]]:
     else:      # the paper grid's cell (p400k, n = 512, batch 128) and its three step kinds
       train.append(py + ["benchmarks.train_bench",
                          f"--config=configs/atr_insert.py:base,family={family}",
-                         "--variants=plain,cer_k1,cer_k2", "--steps=20", "--rounds=3"])
+                         "--variants=plain,cer_k1,cer_k2", f"--steps={steps}",
+                         f"--rounds={rounds}"])
   audit = py + ["benchmarks.audit_bench", "--quick"]
   if tiny:
     audit += ["--families=attention", "--ks=1,2", "--batch=2", "--context_len=64",
@@ -177,7 +189,10 @@ def grid_hours(lines: list[str]) -> list[str]:
   (plain / CER evidence k = 1 / evidence + distractor k = 2) at the longest context
   timed (n = 512 is used for the n = 256 cells too: an upper bound). Not counted:
   compilation, periodic evaluations and the grid's audits (1.4% and 0.9% of the
-  FLOPs by scale_bench's count). Empty when the lines hold no full family.
+  FLOPs by scale_bench's count). A family timed in all three step kinds gets its
+  hours; the grid's total is printed only when every family has them (a section cut
+  short by its time limit names the families it did not reach). Empty when no
+  family is complete.
   """
   from ceu_jax.grid import sweep  # pylint: disable=g-import-not-at-top
   from configs import paper  # pylint: disable=g-import-not-at-top
@@ -186,19 +201,25 @@ def grid_hours(lines: list[str]) -> list[str]:
   for (family, n), t in times.items():
     if n >= longest.get(family, (0, {}))[0] and set(STEP_KIND.values()) <= set(t):
       longest[family] = (n, t)
+  if not longest:
+    return []
   cells = sweep.expand(paper.get_config())
-  hours = {}
+  hours, missing = {}, []
   for cell in cells:
     c = cell.config
     if c.model.family not in longest:
-      return []
+      missing += [c.model.family] if c.model.family not in missing else []
+      continue
     n, t = longest[c.model.family]
     hours[c.model.family] = (hours.get(c.model.family, 0.0)
                              + c.train.num_steps * t[STEP_KIND[c.cer.regularizer]] / 3.6e6)
-  out = [f"paper grid (configs/paper.py main, {len(cells)} cells x "
-         f"{cells[0].config.train.num_steps} steps), training steps at the measured step "
-         f"times (n = {max(n for n, _ in longest.values())} for every cell; compile, "
-         f"evaluations and audits not counted): {sum(hours.values()):,.0f} device-hours"]
+  head = (f"paper grid (configs/paper.py main, {len(cells)} cells x "
+          f"{cells[0].config.train.num_steps} steps), training steps at the measured step "
+          f"times (n = {max(n for n, _ in longest.values())} for every cell; compile, "
+          f"evaluations and audits not counted): ")
+  out = [head + (f"{sum(hours.values()):,.0f} device-hours" if not missing else
+                 f"no total: {', '.join(missing)} not timed in every step kind; "
+                 f"the families timed:")]
   out += [f"  {family:<12} {h:8,.1f} h  (ms/step " + ", ".join(
       f"{k} {longest[family][1][k]:.2f}" for k in STEP_KIND.values()) + ")"
           for family, h in hours.items()]
@@ -206,9 +227,12 @@ def grid_hours(lines: list[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- driver
-def _run(cmd: list[str], limit_s: float, log_path: str | None) -> tuple[str, float, list[str]]:
+def _run(cmd: list[str], limit_s: float, log_path: str | None,
+         cache_dir: str = "") -> tuple[str, float, list[str]]:
   """Run one command, echoing its output; (status, seconds, lines)."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
+  if cache_dir:   # the user's own JAX_COMPILATION_CACHE_DIR wins (main says which is used)
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", cache_dir)
   t0 = time.perf_counter()
   lines = []
   log = open(log_path, "a", encoding="utf-8") if log_path else None
@@ -267,6 +291,14 @@ def main(argv=None) -> int:
   ap.add_argument("--from_log", default="",
                   help="print the paper-grid hours from saved train logs (comma-separated; "
                   "no run)")
+  ap.add_argument("--limits", default="",
+                  help="per-section time limits in seconds, e.g. train=200,cell=130 "
+                  f"(defaults, full / tiny: {LIMITS})")
+  ap.add_argument("--steps", type=int, default=20, help="train section: timed steps per round")
+  ap.add_argument("--rounds", type=int, default=3, help="train section: timed rounds")
+  ap.add_argument("--cache_dir", default=None,
+                  help="persistent compilation cache for every section ('none': off; "
+                  "default <tmp>/ceu_jax_accelerator_check_cache, off with --tiny)")
   ap.add_argument("--section", default="", help=argparse.SUPPRESS)   # run one section in-process
   ap.add_argument("--workdir", default="", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -288,18 +320,33 @@ def main(argv=None) -> int:
   unknown = sorted(set(sections) - set(SECTIONS))
   if unknown:
     ap.error(f"--sections: unknown {unknown}; choose from {', '.join(SECTIONS)}")
+  limits = {name: LIMITS[name][1 if args.tiny else 0] for name in SECTIONS}
+  for item in filter(None, args.limits.split(",")):
+    name, _, value = item.partition("=")
+    if name not in SECTIONS or not re.fullmatch(r"\d+(\.\d+)?", value) or float(value) <= 0:
+      ap.error(f"--limits: {item!r} must be <section>=<seconds > 0>, section one of "
+               f"{', '.join(SECTIONS)}")
+    limits[name] = float(value)
+  for flag in ("steps", "rounds"):
+    if getattr(args, flag) < 1:
+      ap.error(f"--{flag}: {getattr(args, flag)} must be >= 1")
+  cache_dir = _cache_dir(args.cache_dir, args.tiny)
+  if cache_dir:
+    os.makedirs(cache_dir, exist_ok=True)
+    print(f"compilation cache {cache_dir}: {len(os.listdir(cache_dir))} entries before this "
+          "run (compile times of programs found there are cache loads)", flush=True)
   if args.out:
     os.makedirs(args.out, exist_ok=True)
   results, targets = {}, []
   with tempfile.TemporaryDirectory(prefix="accelerator_check_") as workdir:
-    commands = _commands(args.tiny, workdir)
+    commands = _commands(args.tiny, workdir, args.steps, args.rounds)
     for name in sections:
-      limit = LIMITS[name][1 if args.tiny else 0]
+      limit = limits[name]
       print(f"== {name} (limit {limit} s)", flush=True)
       log_path = os.path.join(args.out, f"{name}.log") if args.out else None
       status, seconds, lines = "ok", 0.0, []
       for cmd in commands[name]:
-        st, s, ls = _run(cmd, limit - seconds, log_path)
+        st, s, ls = _run(cmd, limit - seconds, log_path, cache_dir)
         seconds, lines = seconds + s, lines + ls
         if st != "ok":
           status = st
@@ -319,6 +366,16 @@ def main(argv=None) -> int:
   print(f"TARGET accelerator_check_sections_ok {ok} >= {len(results)} "
         f"{'PASS' if ok == len(results) else 'MISS'}")
   return 0 if ok == len(results) else 1
+
+
+def _cache_dir(flag: str | None, tiny: bool) -> str:
+  """The compilation cache folder the sections share ('' for none)."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+  if flag is None:
+    flag = "none" if tiny else os.path.join(tempfile.gettempdir(),
+                                            "ceu_jax_accelerator_check_cache")
+  return "" if flag.lower() == "none" else flag
 
 
 def _write_json(path: str, obj) -> None:
