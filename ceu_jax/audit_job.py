@@ -27,7 +27,6 @@ from typing import Any, Iterator, Mapping
 import flax.linen as nn
 import jax
 import numpy as np
-from matplotlib.figure import Figure
 
 from ceu_jax import audit_config, io, jobs, multihost, plotting
 from ceu_jax import sharding as sharding_lib
@@ -252,7 +251,7 @@ def plot_histograms(all_rows: Mapping[str, Rows], plots_dir: str) -> list[str]:
   paths = []
   bins = np.linspace(0, 1, 21)
   for name, rows in sorted(all_rows.items()):
-    fig = Figure(figsize=(6, 4))
+    fig = plotting.figure(figsize=(6, 4))
     ax = fig.subplots()
     for probe in adapter.PROBES:
       v = rows[f"ceu_{probe}"]

@@ -1,14 +1,26 @@
-"""Figures written atomically as PNG and PDF (no pyplot state, no display needed)."""
+"""Figures written atomically as PNG and PDF (no pyplot state, no display needed).
+
+matplotlib is imported on the first figure, not with the modules that draw one: an
+entry point that stops at a bad config, or a job that never plots, starts without it
+(0.27 s of `matplotlib.figure` per process on a 2-core host, 2026-11-30).
+"""
 from __future__ import annotations
 
 import os
-from typing import Sequence
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ceu_jax import io
 
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
+
 FORMATS = ("png", "pdf")
+
+
+def figure(**kwargs: Any) -> "Figure":
+  """`matplotlib.figure.Figure(**kwargs)` (the Agg canvas; matplotlib imported here)."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  return Figure(**kwargs)
 
 
 def save_figure(fig: Figure, stem: str, formats: Sequence[str] = FORMATS) -> list[str]:

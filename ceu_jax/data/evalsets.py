@@ -32,6 +32,7 @@ smaller set is a prefix of a larger one. D− of corruption c uses the key
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -43,8 +44,6 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
-import tensorflow_datasets as tfds
-
 from ceu_jax.data import atr, corruptions as corr, tasks, tfds_local
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import RetrievalBatch
@@ -79,7 +78,7 @@ def set_key(cfg: ATRConfig, seed: int, num_examples: int, names: Sequence[str]) 
   """The JSON-able identity of an evaluation set."""
   return dict(atr_config=dataclasses.asdict(cfg), seed=int(seed),
               num_examples=int(num_examples), corruptions=list(names), chunk=CHUNK,
-              format=str(AtrEvalSet.VERSION), generator=atr.GENERATOR_VERSION)
+              format=FORMAT_VERSION, generator=atr.GENERATOR_VERSION)
 
 
 def config_name(key: Mapping[str, Any]) -> str:
@@ -193,7 +192,13 @@ def fixed_eval_set(task: str, data_cfg: Any, *, seed: int, num_examples: int,
 
 
 # ------------------------------------------------------------------ tfds builder
-def _tensor(shape: tuple[int, ...], dtype) -> tfds.features.Tensor:
+# tensorflow_datasets is imported when a set is first built or read (0.13-0.18 s of a
+# process's start otherwise, also for runs that never touch a fixed set).
+FORMAT_VERSION = "1.0.0"   # the builder's tfds VERSION, part of every set's key
+
+
+def _tensor(shape: tuple[int, ...], dtype) -> "tfds.features.Tensor":
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   return tfds.features.Tensor(shape=shape, dtype=dtype)
 
 
@@ -209,49 +214,59 @@ def _plus_features(cfg: ATRConfig) -> dict:
               changed_mask=_tensor((n,), b), example_id=_tensor((), i32))
 
 
-class AtrEvalSet(tfds.core.GeneratorBasedBuilder):
-  """One fixed ATR-insert evaluation set (split 'eval'), keyed by its config name."""
+@functools.lru_cache(maxsize=None)
+def builder_class() -> type:
+  """`AtrEvalSet`, the tfds builder of one fixed ATR-insert evaluation set."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "D+ fields and each corruption's D− fields."}
-  # No checksums file / code directory: tfds would otherwise resolve the package
-  # path through importlib_resources, which it does not install on Python >= 3.9.
-  code_path = None
+  class AtrEvalSet(tfds.core.GeneratorBasedBuilder):
+    """One fixed ATR-insert evaluation set (split 'eval'), keyed by its config name."""
 
-  def __init__(self, *, atr_config: ATRConfig, seed: int, num_examples: int,
-               corruptions: Sequence[str], **kwargs):
-    self._atr = atr_config
-    self._names = _check_args(seed, num_examples, corruptions)
-    self._seed, self._num = int(seed), int(num_examples)
-    self._key = set_key(atr_config, seed, num_examples, self._names)
-    config = tfds.core.BuilderConfig(name=config_name(self._key),
-                                     description=json.dumps(self._key, sort_keys=True))
-    super().__init__(config=config, file_format="array_record", **kwargs)
+    VERSION = tfds.core.Version(FORMAT_VERSION)
+    RELEASE_NOTES = {"1.0.0": "D+ fields and each corruption's D− fields."}
+    # No checksums file / code directory: tfds would otherwise resolve the package
+    # path through importlib_resources, which it does not install on Python >= 3.9.
+    code_path = None
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    plus = _plus_features(self._atr)
-    minus = {name: {f: plus[f] for f in MINUS_FIELDS} for name in self._names}
-    return tfds_local.local_dataset_info(
-        builder=self, description="Fixed ATR-insert evaluation set (ceu-jax).",
-        features=tfds.features.FeaturesDict(dict(plus=plus, minus=minus)),
-        disable_shuffling=True,
-        metadata=tfds.core.MetadataDict(set_key=json.dumps(self._key, sort_keys=True)))
+    def __init__(self, *, atr_config: ATRConfig, seed: int, num_examples: int,
+                 corruptions: Sequence[str], **kwargs):
+      self._atr = atr_config
+      self._names = _check_args(seed, num_examples, corruptions)
+      self._seed, self._num = int(seed), int(num_examples)
+      self._key = set_key(atr_config, seed, num_examples, self._names)
+      config = tfds.core.BuilderConfig(name=config_name(self._key),
+                                       description=json.dumps(self._key, sort_keys=True))
+      super().__init__(config=config, file_format="array_record", **kwargs)
 
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    return {SPLIT: self._generate_examples()}
+    def _info(self) -> tfds.core.DatasetInfo:
+      plus = _plus_features(self._atr)
+      minus = {name: {f: plus[f] for f in MINUS_FIELDS} for name in self._names}
+      return tfds_local.local_dataset_info(
+          builder=self, description="Fixed ATR-insert evaluation set (ceu-jax).",
+          features=tfds.features.FeaturesDict(dict(plus=plus, minus=minus)),
+          disable_shuffling=True,
+          metadata=tfds.core.MetadataDict(set_key=json.dumps(self._key, sort_keys=True)))
 
-  def _generate_examples(self):
-    plus, minus = eval_batches(self._atr, self._seed, self._num, self._names)
-    for r in range(self._num):
-      yield r, dict(plus={f: getattr(plus, f)[r] for f in plus.__dataclass_fields__},
-                    minus={name: {f: getattr(b, f)[r] for f in MINUS_FIELDS}
-                           for name, b in minus.items()})
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {SPLIT: self._generate_examples()}
+
+    def _generate_examples(self):
+      plus, minus = eval_batches(self._atr, self._seed, self._num, self._names)
+      for r in range(self._num):
+        yield r, dict(plus={f: getattr(plus, f)[r] for f in plus.__dataclass_fields__},
+                      minus={name: {f: getattr(b, f)[r] for f in MINUS_FIELDS}
+                             for name, b in minus.items()})
+
+  AtrEvalSet.__module__ = __name__
+  AtrEvalSet.__qualname__ = "AtrEvalSet"
+  return AtrEvalSet
 
 
 # ------------------------------------------------------------------ load / build
-def _builder(cfg, seed, num_examples, names, data_dir) -> AtrEvalSet:
-  return AtrEvalSet(atr_config=cfg, seed=seed, num_examples=num_examples,
+def _builder(cfg, seed, num_examples, names, data_dir):
+  """The `builder_class()` instance of one set under data_dir."""
+  return builder_class()(atr_config=cfg, seed=seed, num_examples=num_examples,
                     corruptions=names, data_dir=os.fspath(data_dir))
 
 
@@ -261,6 +276,7 @@ def _build_atomically(cfg, seed, num_examples, names, data_dir: Path) -> None:
   tmp = Path(tempfile.mkdtemp(prefix=".tmp-atr_eval_set-", dir=data_dir))
   try:
     builder = _builder(cfg, seed, num_examples, names, tmp)
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     tfds.display_progress_bar(False)
     builder.download_and_prepare()
     rel = Path(builder.data_dir).parent.relative_to(tmp)     # atr_eval_set/cfg_<hash>
@@ -274,7 +290,7 @@ def _build_atomically(cfg, seed, num_examples, names, data_dir: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _read(builder: AtrEvalSet, num_examples: int, names: Sequence[str]) -> EvalSet:
+def _read(builder, num_examples: int, names: Sequence[str]) -> EvalSet:
   source = builder.as_data_source()[SPLIT]
   if len(source) != num_examples:
     raise ValueError(f"eval set {builder.data_dir} holds {len(source)} examples, "

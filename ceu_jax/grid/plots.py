@@ -9,13 +9,15 @@ from __future__ import annotations
 import collections
 import csv
 import os
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from ceu_jax import plotting
 from ceu_jax.grid.aggregate import number
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 FAMILY = "model.family"
 REG = "cer.regularizer"
@@ -97,7 +99,7 @@ def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = 
   styles = series_styles(rows, label)
   groups = _group(rows, lambda r: (label(r),))
   legend_rows = -(-len(groups) // 3)
-  fig = Figure(figsize=(5.2 * len(metrics), 4.0 + 0.22 * legend_rows))
+  fig = plotting.figure(figsize=(5.2 * len(metrics), 4.0 + 0.22 * legend_rows))
   axes = fig.subplots(1, len(metrics), squeeze=False)[0]
   handles = {}
   for ax, metric in zip(axes, metrics):
@@ -152,7 +154,7 @@ def pareto_figure(rows: Sequence[dict], label: Callable[[dict], str] = series_la
   if len(finite) < 2:
     raise Skipped(f"{len(finite)} cell(s) with clean EM and supported-answer rate: no "
                   "frontier to draw")
-  fig = Figure(figsize=(7.8, 4.4))
+  fig = plotting.figure(figsize=(7.8, 4.4))
   ax = fig.subplots()
   families = sorted({str(r.get(FAMILY)) for r in finite})
   colors = {f: f"C{i}" for i, f in enumerate(families)}
@@ -194,7 +196,7 @@ def plot_k_gain(rows: Sequence[dict], stem: str) -> list[str]:  # pylint: disabl
   if len(ks) < 2:
     raise Skipped(f"the CER cells use {len(ks)} value(s) of k {[int(k) for k in ks]}: "
                   "no trend in k to plot")
-  fig = Figure(figsize=(5.5, 4.2))
+  fig = plotting.figure(figsize=(5.5, 4.2))
   ax = fig.subplots()
   for (family,), series in _group(clean, lambda r: (r.get(FAMILY),)).items():
     base = [number(r.get("ceu_ev")) for r in series if r.get(REG, "none") == "none"]
@@ -218,7 +220,7 @@ def plot_ceu_histograms(examples: dict[str, dict], stem: str) -> list[str]:
     raise Skipped("no per-example audit files (cells/<id>/audit/examples.csv)")
   cols = max(1, min(3, len(names)))
   rows_n = max(1, -(-len(names) // cols))
-  fig = Figure(figsize=(4.2 * cols, 3.2 * rows_n))
+  fig = plotting.figure(figsize=(4.2 * cols, 3.2 * rows_n))
   axes = np.atleast_1d(fig.subplots(rows_n, cols, squeeze=False).ravel())
   bins = np.linspace(0, 1, 21)
   for ax, name in zip(axes, names):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from ceu_jax.metrics.resampling import Aggregate
+from ceu_jax import plotting
 from ceu_jax.plotting import save_figure
 from ceu_jax.theory import plots
 from ceu_jax.theory.identifiability import T1Result, t1_error_curve
@@ -31,7 +31,7 @@ def plot_t1_bounds(
 ) -> list[str]:
   """Three panels: R_ll vs R_logit (trained), |diff| vs perturbation (trained),
   max |diff| vs perturbation on the exact two-channel model."""
-  fig = Figure(figsize=(16, 5), layout="constrained")
+  fig = plotting.figure(figsize=(16, 5), layout="constrained")
   ax_a, ax_b, ax_c = fig.subplots(1, 3)
   for i, (name, r) in enumerate(trained.items()):
     ok, color = _ok(r), f"C{i % 10}"
@@ -102,7 +102,7 @@ def plot_t3_bounds(
     caption: str,
 ) -> list[str]:
   """Left: empirical unsupported rate and bound vs η per δ; right: γ(δ), α(δ)."""
-  fig = Figure(figsize=(16, 8), layout="constrained")
+  fig = plotting.figure(figsize=(16, 8), layout="constrained")
   ax, ax_g = fig.subplots(1, 2, width_ratios=[2.2, 1])
   for i, (label, rep) in enumerate(reports.items()):
     plots.t3_curves(ax, rep, label, f"C{i % 10}")

@@ -10,14 +10,18 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
-from matplotlib.colors import LogNorm
-from matplotlib.figure import Figure
 
 from ceu_jax.metrics.resampling import fmt_ci
+from ceu_jax import plotting
 from ceu_jax.plotting import FORMATS, save_figure  # noqa: F401  (re-exported)
 from ceu_jax.theory.identifiability import T1Result, t1_error_curve
 from ceu_jax.theory.lower_bound import ModelPoint
 from ceu_jax.theory.upper_bound import T3Report
+
+
+def _log_norm(vmin, vmax):
+  from matplotlib.colors import LogNorm  # pylint: disable=g-import-not-at-top  (plotting.figure)
+  return LogNorm(vmin, vmax)
 
 def _finite(*arrays: np.ndarray) -> np.ndarray:
   """Mask of positions where every array is finite."""
@@ -50,7 +54,7 @@ def plot_t1(
   d = _t1_arrays(results)
   ok = _finite(d["r_loglik"], d["r_logit"], d["perturbation"])
   ok &= d["perturbation"] > 0
-  fig = Figure(figsize=(12, 4.8), layout="constrained")
+  fig = plotting.figure(figsize=(12, 4.8), layout="constrained")
   ax_a, ax_b = fig.subplots(1, 2)
   _t1_scatter(ax_a, d, ok, fig)
   _t1_error(ax_b, d, ok)
@@ -61,7 +65,7 @@ def plot_t1(
 def _t1_scatter(ax, d, ok, fig) -> None:
   pert = d["perturbation"][ok]
   sc = ax.scatter(d["r_logit"][ok], d["r_loglik"][ok], c=pert, s=8,
-                  cmap="viridis", norm=LogNorm(pert.min(), pert.max()),
+                  cmap="viridis", norm=_log_norm(pert.min(), pert.max()),
                   label="examples")
   lims = [min(d["r_logit"][ok].min(), d["r_loglik"][ok].min()),
           max(d["r_logit"][ok].max(), d["r_loglik"][ok].max())]
@@ -105,7 +109,7 @@ def plot_t2(
     title: str = "T2 lower bound: worst-case accuracy drop vs 1 − mean CEU",
 ) -> list[str]:
   """Each model with 95% CIs on both axes; optional fitted slope with CI band."""
-  fig = Figure(figsize=(6.5, 5), layout="constrained")
+  fig = plotting.figure(figsize=(6.5, 5), layout="constrained")
   ax = fig.subplots()
   for i, p in enumerate(points):
     (x, x_lo, x_hi), (y, y_lo, y_hi) = p.one_minus_ceu.floats(), p.drop.floats()
@@ -150,7 +154,7 @@ def plot_t3(
   the legend, and every violation is marked.
   """
   reports = {"": reports} if isinstance(reports, T3Report) else dict(reports)
-  fig = Figure(figsize=(11, 5.5), layout="constrained")
+  fig = plotting.figure(figsize=(11, 5.5), layout="constrained")
   ax = fig.subplots()
   for i, (label, rep) in enumerate(reports.items()):
     t3_curves(ax, rep, label, f"C{i % 10}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from matplotlib.figure import Figure
 
 from ceu_jax import plotting
 from ceu_jax.audits.answer_presence import report
@@ -29,7 +28,7 @@ def _bar(ax, x, agg, color, width, label=None):
 def effects_figure(readers: Mapping, stem: str) -> list[str]:
   """Mean Δ F1 (95% CI) per headline (edit, bucket) and Δcausal; bars = baselines."""
   names = list(readers)
-  fig = Figure(figsize=(4.2 * len(names), 3.4))
+  fig = plotting.figure(figsize=(4.2 * len(names), 3.4))
   axes = [fig.add_subplot(1, len(names), k + 1) for k in range(len(names))]
   for ax, name in zip(axes, names):
     cells = readers[name]['cells']
@@ -57,7 +56,7 @@ def effects_figure(readers: Mapping, stem: str) -> list[str]:
 def panel_figure(readers: Mapping, stem: str) -> list[str]:
   """Mean F1 (95% CI) per panel condition, one subplot per reader, verdicts in the titles."""
   names = [n for n in readers if readers[n].get('panel')]
-  fig = Figure(figsize=(4.2 * max(len(names), 1), 3.4))
+  fig = plotting.figure(figsize=(4.2 * max(len(names), 1), 3.4))
   for k, name in enumerate(names):
     ax = fig.add_subplot(1, len(names), k + 1)
     rows = readers[name]['panel']['rows']

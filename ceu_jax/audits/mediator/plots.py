@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from matplotlib.figure import Figure
 
 from ceu_jax import plotting
 
@@ -22,7 +21,7 @@ def _err(a):
 
 
 def cor_cnf_figure(settings: Mapping, stem: str) -> list[str]:
-  fig = Figure(figsize=(4.6, 4.2))
+  fig = plotting.figure(figsize=(4.6, 4.2))
   ax = fig.add_subplot(1, 1, 1)
   ax.plot([0, 1], [0, 1], color='0.6', lw=0.8, ls='--')
   readers = sorted({s['reader'] for s in settings.values()})
@@ -52,7 +51,7 @@ def cor_cnf_figure(settings: Mapping, stem: str) -> list[str]:
 
 def fid_figure(settings: Mapping, stem: str) -> list[str]:
   names = list(settings)
-  fig = Figure(figsize=(max(4.0, 0.55 * len(names) + 1.5), 3.4))
+  fig = plotting.figure(figsize=(max(4.0, 0.55 * len(names) + 1.5), 3.4))
   ax = fig.add_subplot(1, 1, 1)
   for k, name in enumerate(names):
     for j, (key, color) in enumerate((('F_ID', 'C0'), ('F_Strong', 'C3'))):

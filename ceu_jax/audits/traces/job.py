@@ -32,8 +32,6 @@ import json
 import time
 from typing import Callable, Sequence
 
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from ceu_jax import claims, jobs, plotting
 from ceu_jax.audits.traces import audit as ts
@@ -155,7 +153,7 @@ def rho_by_length_figure(readers: dict, stem: str) -> list[str]:
   panels = _panels(readers)
   domains = list(dict.fromkeys(d for s in readers.values() for d in s['by_domain_len']))
   styles = ('-', '--', ':', '-.')
-  fig = Figure(figsize=(max(3.4 * len(panels), 5.0), 3.9))
+  fig = plotting.figure(figsize=(max(3.4 * len(panels), 5.0), 3.9))
   axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
   for ax, (title, members) in zip(axes, panels.items()):
     n_lines = len(members) * len(domains)
@@ -174,6 +172,7 @@ def rho_by_length_figure(readers: dict, stem: str) -> list[str]:
                     color=f'C{i}', linestyle=styles[j % len(styles)], marker='o', ms=3.5,
                     capsize=2, lw=1.2, label=f'{label} / {d}' if len(domains) > 1 else label)
     ax.set_title(title, fontsize=9)
+    from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel('trace length (steps)')
     ax.set_ylim(-0.05, 1.05)
