@@ -22,16 +22,17 @@ estimated device-hours on an H100 and a TPU v5e (issue #20, item 5).
    max(FLOPs / peak, bytes / bandwidth) / utilisation (roofline), and FLOPs alone.
 
 4. The ssm against attention (issue #37, item 2): every ssm program uses
-   `--scan_impl` (default 'chunked', what scan_impl 'auto' picks on an
-   accelerator); `--compare_scan_impl` (default 'associative', the accelerator's
-   scan before) repeats the ssm's CER-step bytes and the paper grid with that scan,
+   `--scan_impl` (default 'chunked', issue #37 item 2's formulation for
+   accelerators; scan_impl 'auto' still picks 'associative' there, the one measured
+   on an H100 and an H200); `--compare_scan_impl` (default 'associative') repeats the ssm's CER-step bytes and the paper grid with that scan,
    so one run prints both estimates. TARGET lines: the grid's H100 roofline hours,
    all variants, <= 300; the ssm's bytes per compiled
    CER step (p400k, n = 256) over attention's, <= 3.0; and the same ratio of CPU
    step time (interleaved timing, first preset and length), <= 3.0 — the goal of
    the bytes ratio, since a memory-bound scan shows in time too, and the CPU time
-   is the one time CI can measure. It times the accelerator's scan; the CPU's own
-   ('fused', `--time_scan_impls`) is printed beside it.
+   is the one time CI can measure. It times the chunked scan; the CPU's own
+   ('linear', what 'auto' runs on the CPU since 2026-11-29; `--time_scan_impls`) is
+   printed beside it.
 
 The estimate is an estimate: bytes come from the CPU compiler's fusion decisions,
 and these models are narrow (E = 48…160), so on an accelerator they are likely
@@ -104,10 +105,10 @@ def _other_loops(hlo: str) -> list[str]:
 
 # 1. Compiler cost ---------------------------------------------------------------
 
-# The ssm's scan on an accelerator (what scan_impl 'auto' picks off the CPU; --scan_impl):
+# The ssm's scan for an accelerator (--scan_impl; 'auto' picks 'associative' there):
 # XLA's cost analysis counts a while loop's body once, so the CPU's step-by-step
-# 'fused' scan would hide the ssm's per-position work. Before issue #37 (item 2) the
-# accelerator ran 'associative' (--compare_scan_impl prints those numbers too).
+# scans ('linear', 'fused') would hide the ssm's per-position work; --compare_scan_impl
+# prints the associative scan's numbers too.
 ACCELERATOR_MODEL = dict(scan_impl="chunked")
 
 
@@ -371,9 +372,9 @@ def main(argv=None) -> dict:
   ap.add_argument("--compare_scan_impl", default="associative",
                   help="also the ssm's CER-step bytes and the paper grid with this scan_impl "
                        "(before issue #37: associative); '' to skip")
-  ap.add_argument("--time_scan_impls", default="fused",
+  ap.add_argument("--time_scan_impls", default="linear",
                   help="comma-separated: also time the ssm's CPU train step with these "
-                       "scan_impls (fused: what 'auto' runs on CPU); '' for none")
+                       "scan_impls (linear: what 'auto' runs on CPU); '' for none")
   ap.add_argument("--json", default="", help="also write the results here (atomically)")
   args = ap.parse_args(argv)
   presets, families = args.presets.split(","), args.families.split(",")
