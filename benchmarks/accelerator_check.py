@@ -56,9 +56,12 @@ SECTIONS = ("backend", "train", "cell", "decode", "audit")
 FAMILIES = ("ssm", "attention", "memory_port")   # ssm first: its accelerator scan path
 
 # Seconds per section (full / tiny). Full: on a fresh H100 compiling takes most of
-# it (train 260 s, cell 110 s, decode ~90 s, audit ~150 s measured 2026-11-26); where
-# one command may run 10 minutes, run `--sections backend,train` and
-# `--sections cell,decode,audit` as two commands.
+# it (train 260 s, cell 110 s, decode ~90 s, audit ~150 s measured 2026-11-26); on a
+# fresh H200 (2026-11-30) one train-step program compiled in 31-44 s, and 545 s of
+# limits over one command finished only backend. Where one command may run 10
+# minutes, run `--sections backend,train` and `--sections cell,decode,audit` as two
+# commands on one machine (the compilation cache carries over), or cut the work with
+# --limits / --steps / --rounds.
 LIMITS = {"backend": (60, 60), "train": (300, 240), "cell": (180, 300),
           "decode": (150, 180), "audit": (200, 240)}
 
