@@ -174,3 +174,55 @@ def test_readme_quotes_the_002_metrics_of_both_seeds(run, run_s1):
                  for x in (*r['by_tau'].values(), *r['by_trace_len'].values()))
     row = _metrics_row(label, a, b)
     assert row in readme, row
+
+
+# The third training seed (docs/runs/issue35_traces_world_b_s2.tar.gz, 2026-11-30): the same
+# command with --config.smollm2.train.seed=2, both fine-tunes trained anew; the three-seed
+# claims by the seed rule in its traces_over_seeds_3.json.
+ARCHIVE_S2 = 'issue35_traces_world_b_s2.tar.gz'
+
+
+@pytest.fixture(scope='module')
+def run_s2(tmp_path_factory):
+  return os.path.join(extract_recorded_run(ARCHIVE_S2, tmp_path_factory.mktemp('rec_s2')),
+                      'traces_smollm2_ft_s2')
+
+
+S2_VERDICTS = {'separates': 'supported', 'probe separates': 'supported',
+               'probe agrees': 'supported'}
+S2_NUMBERS = {'separates': '+0.430 [+0.394, +0.470]',
+              'probe separates': '+0.336 [+0.030, +0.773]'}
+OVER_3 = {'separates': ('supported', '+0.450 ± 0.024 over 3 seeds'),
+          'probe separates': ('supported', '+0.309 ± 0.113 over 3 seeds'),
+          'probe agrees': ('supported', 'probe: supported; behavioural: supported')}
+
+
+def test_third_seed_verdicts_follow_from_its_numbers(run_s2):
+  """Seed 2 alone: the memorised-stratum claims as in seeds 0 and 1; the shortcut reader
+  again competent on its memorised problems only (held-out accuracy 0.250)."""
+  s, judged = _rejudged(run_s2)
+  assert s['config']['smollm2']['train']['seed'] == 2
+  v = {k: c.verdict for k, c in judged.items()}
+  for what, want in S2_VERDICTS.items():
+    assert v[f'{PAIR} [memorised]: {what}'] == want, what
+  for name, text in S2_NUMBERS.items():
+    assert text in judged[f'{PAIR} [memorised]: {name}'].numbers, name
+  c = s['competence']
+  assert c['smollm2_following']['competent'] and not c['smollm2_shortcut']['competent']
+  assert c['smollm2_shortcut']['accuracy'] == pytest.approx(0.25)
+  assert c['smollm2_shortcut']['memorised']['accuracy'] == 1.0
+
+
+def test_pair_claims_over_the_three_seeds(run, run_s1, run_s2):
+  """`experiments.over_seeds` over seeds 0, 1 and 2 by the seed rule, equal to the
+  recorded JSON (the README's three-seed column)."""
+  from ceu_jax.audits import over_seeds
+  found, _ = over_seeds.run([run, run_s1, run_s2])
+  v = {c.name: c for c in found}
+  mem = f'{PAIR} [memorised]'
+  for what, (want, text) in OVER_3.items():
+    assert v[f'{mem}: {what}'].verdict == want, what
+    assert text in v[f'{mem}: {what}'].numbers, (what, v[f'{mem}: {what}'].numbers)
+  recorded = json.load(open(os.path.join(os.path.dirname(run_s2), 'traces_over_seeds_3.json')))
+  assert {c['name']: c['verdict'] for c in recorded['claims']} == {
+      k: c.verdict for k, c in v.items()}
