@@ -120,6 +120,12 @@ def test_grid_cells_record_it_and_the_report_names_it(tmp_path):
   assert all(r["versions"] == json.loads(json.dumps(cv.versions())) for r in results)
   assert report.code_lines(results) == [
       f"Code: {cv.describe(cv.code_version())} (every cell).", ""]
+  assert report.cpu_lines(results) == [f"CPU: {cv.cpu_model()} (every cell).", ""]
+  cpus = report.cpu_lines([{"versions": {"cpu": "AMD EPYC"}}, {"versions": {"cpu": "Xeon"}},
+                           {"versions": {"cpu": "AMD EPYC"}}, {"versions": None}, {}])
+  assert cpus[0].startswith("**The cells were computed on 3 CPU models**") and cpus[0].endswith(
+      "AMD EPYC (2 cells); unrecorded CPU (2 cells); Xeon (1 cells)."), cpus
+  assert report.cpu_lines([]) == []
   a = dict(ceu_jax="0.1.0", commit="a" * 40, dirty=False, n_changed=0)
   b = dict(a, commit="b" * 40, dirty=True, n_changed=3)
   mixed = report.code_lines([{"code": a}, {"code": b}, {"code": a}, {}])

@@ -248,6 +248,22 @@ def code_lines(results: Sequence[dict]) -> list[str]:
           + "; ".join(f"{d} ({n} cells)" for d, n in counts.most_common()) + ".", ""]
 
 
+def cpu_lines(results: Sequence[dict]) -> list[str]:
+  """The CPUs that computed the cells (result.json's `versions.cpu`): one line if all
+  agree, else a warning. XLA:CPU compiles for the CPU it runs on, so the same code and
+  seed train to other numbers on another CPU model (README, "Results": 3 of the main
+  job's 23 verdicts moved on an Intel host against the AMD host of the record)."""
+  counts = collections.Counter((r.get("versions") or {}).get("cpu") or "unrecorded CPU"
+                               for r in results)
+  if not counts:
+    return []
+  if len(counts) == 1:
+    return [f"CPU: {next(iter(counts))} (every cell).", ""]
+  return [f"**The cells were computed on {len(counts)} CPU models** (XLA:CPU rounds "
+          "differently on each: a cell rerun on another model gives other numbers): "
+          + "; ".join(f"{d} ({n} cells)" for d, n in counts.most_common()) + ".", ""]
+
+
 def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
                  failures: Sequence[dict], title: str = "CEU experiment grid", *,
                  config=None, other_cells: Sequence[dict] = (),
@@ -286,7 +302,7 @@ def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
            f"{len(rows)} rows in results.csv (one per cell × test condition)"
            + (f", {len(agg)} in results_seeds.csv (one per setting × condition, over seeds)"
               if multi else "") + ".", ""]
-  parts += code_lines(results)
+  parts += code_lines(results) + cpu_lines(results)
   parts += what_was_run(rows, results, config)
   claims_md = claims_section(workdir, rows, results)
   parts += claims_md
