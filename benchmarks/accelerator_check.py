@@ -6,6 +6,9 @@ r"""The project's timings on whatever backend JAX finds (issue #37, item 7).
   python -m benchmarks.accelerator_check --sections backend,cell
   python -m benchmarks.accelerator_check --limits train=200,cell=130 --steps 10 --rounds 2
                                           # fit one 10-minute device command
+  python -m benchmarks.accelerator_check --sections train --ssm_scan_impls chunked
+                                          # the ssm also with the chunked scan (priced
+                                          # beside the total, not in it)
 
 Compiled programs are kept in a persistent JAX compilation cache (full check:
 --cache_dir, default <tmp>/ceu_jax_accelerator_check_cache; --cache_dir=none turns
@@ -23,7 +26,10 @@ or hangs is reported and the next one runs), in this order:
            (configs/atr_insert.py:base: p400k, n = 512, batch 128) and its three
            step kinds (plain, CER evidence k = 1, evidence + distractor k = 2), the
            measured counterpart of scale_bench's roofline estimate; --tiny: CPU
-           shapes, plain vs CER k = 3
+           shapes, plain vs CER k = 3. --ssm_scan_impls: the ssm once more per scan
+           named (`train_bench --scan_impl`; 'auto' runs 'associative' on an
+           accelerator, and 'chunked', issue #37 item 2's formulation, has not been
+           timed on one)
   cell     one cell of the main job (configs/smoke.py: ssm x CER evidence +
            distractor, seed 0, the grid's heaviest), trained and audited under
            every test condition, wall time split into train and audit
@@ -66,23 +72,26 @@ LIMITS = {"backend": (60, 60), "train": (300, 240), "cell": (180, 300),
           "decode": (150, 180), "audit": (200, 240)}
 
 
-def _commands(tiny: bool, workdir: str, steps: int = 20,
-              rounds: int = 3) -> dict[str, list[list[str]]]:
-  """section -> the command lines it runs (python -m ... ), in order."""
+def _commands(tiny: bool, workdir: str, steps: int = 20, rounds: int = 3,
+              ssm_scans: tuple[str, ...] = ()) -> dict[str, list[list[str]]]:
+  """section -> the command lines it runs (python -m ... ), in order. ``ssm_scans``: the
+  train section times the ssm once more with each of these scans (`train_bench
+  --scan_impl`), after every family's run with the model's own ('auto')."""
   py = [sys.executable, "-m"]
   me = py + ["benchmarks.accelerator_check"] + (["--tiny"] if tiny else [])
-  train = []
-  for family in FAMILIES[:1] if tiny else FAMILIES:
+
+  def bench(family: str, *extra: str) -> list[str]:
     if tiny:   # CPU-sized shapes
-      train.append(py + ["benchmarks.train_bench",
-                         f"--config=configs/atr_insert.py:tiny,family={family},context_len=32",
-                         "--variants=plain,cer_k3", "--steps=1", "--rounds=1",
-                         "--config.train.batch_size=4", "--config.data.num_passages=2"])
-    else:      # the paper grid's cell (p400k, n = 512, batch 128) and its three step kinds
-      train.append(py + ["benchmarks.train_bench",
-                         f"--config=configs/atr_insert.py:base,family={family}",
-                         "--variants=plain,cer_k1,cer_k2", f"--steps={steps}",
-                         f"--rounds={rounds}"])
+      return py + ["benchmarks.train_bench",
+                   f"--config=configs/atr_insert.py:tiny,family={family},context_len=32",
+                   "--variants=plain,cer_k3", "--steps=1", "--rounds=1",
+                   "--config.train.batch_size=4", "--config.data.num_passages=2", *extra]
+    # the paper grid's cell (p400k, n = 512, batch 128) and its three step kinds
+    return py + ["benchmarks.train_bench", f"--config=configs/atr_insert.py:base,family={family}",
+                 "--variants=plain,cer_k1,cer_k2", f"--steps={steps}", f"--rounds={rounds}",
+                 *extra]
+  train = [bench(family) for family in (FAMILIES[:1] if tiny else FAMILIES)]
+  train += [bench("ssm", f"--scan_impl={scan}") for scan in ssm_scans]
   audit = py + ["benchmarks.audit_bench", "--quick"]
   if tiny:
     audit += ["--families=attention", "--ks=1,2", "--batch=2", "--context_len=64",
@@ -176,7 +185,8 @@ def step_times(lines: list[str]) -> dict[tuple[str, int], dict[str, float]]:
   for line in lines:
     m = re.search(r"model (\w+)/\w+ .*context (\d+)", line)
     if m:
-      key = (m.group(1), int(m.group(2)))
+      scan = re.search(r"; scan (\w+);", line)   # `--scan_impl` runs: keyed 'ssm:<scan>'
+      key = (m.group(1) + (f":{scan.group(1)}" if scan else ""), int(m.group(2)))
       out[key] = {}
       continue
     m = re.match(r"\s*(plain|cer_k\d)\s+([\d.]+)\s+[\d.]+", line)
@@ -207,9 +217,12 @@ def grid_hours(lines: list[str]) -> list[str]:
   if not longest:
     return []
   cells = sweep.expand(paper.get_config())
-  hours, missing = {}, []
+  hours, missing, alt = {}, [], {}
   for cell in cells:
     c = cell.config
+    for key in [k for k in longest if k.partition(":")[0] == c.model.family and ":" in k]:
+      alt[key] = alt.get(key, 0.0) + c.train.num_steps * longest[key][1][
+          STEP_KIND[c.cer.regularizer]] / 3.6e6      # e.g. 'ssm:chunked': another scan
     if c.model.family not in longest:
       missing += [c.model.family] if c.model.family not in missing else []
       continue
@@ -225,7 +238,9 @@ def grid_hours(lines: list[str]) -> list[str]:
                  f"the families timed:")]
   out += [f"  {family:<12} {h:8,.1f} h  (ms/step " + ", ".join(
       f"{k} {longest[family][1][k]:.2f}" for k in STEP_KIND.values()) + ")"
-          for family, h in hours.items()]
+          + (f"; instead of {family.partition(':')[0]}'s, not in the total" if ":" in family
+             else "")
+          for family, h in list(hours.items()) + list(alt.items())]
   return out
 
 
@@ -299,6 +314,9 @@ def main(argv=None) -> int:
                   f"(defaults, full / tiny: {LIMITS})")
   ap.add_argument("--steps", type=int, default=20, help="train section: timed steps per round")
   ap.add_argument("--rounds", type=int, default=3, help="train section: timed rounds")
+  ap.add_argument("--ssm_scan_impls", default="",
+                  help="train section: also time the ssm with these scans, comma-separated "
+                  "(e.g. chunked: 'auto' runs associative on an accelerator)")
   ap.add_argument("--cache_dir", default=None,
                   help="persistent compilation cache for every section ('none': off; "
                   "default <tmp>/ceu_jax_accelerator_check_cache, off with --tiny)")
@@ -333,6 +351,11 @@ def main(argv=None) -> int:
   for flag in ("steps", "rounds"):
     if getattr(args, flag) < 1:
       ap.error(f"--{flag}: {getattr(args, flag)} must be >= 1")
+  from architectures.spec import SCAN_IMPLS  # pylint: disable=g-import-not-at-top
+  ssm_scans = tuple(filter(None, args.ssm_scan_impls.split(",")))
+  bad = sorted(set(ssm_scans) - set(SCAN_IMPLS))
+  if bad:
+    ap.error(f"--ssm_scan_impls: unknown {bad}; choose from {', '.join(SCAN_IMPLS)}")
   cache_dir = _cache_dir(args.cache_dir, args.tiny)
   if cache_dir:
     os.makedirs(cache_dir, exist_ok=True)
@@ -342,7 +365,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
   results, targets = {}, []
   with tempfile.TemporaryDirectory(prefix="accelerator_check_") as workdir:
-    commands = _commands(args.tiny, workdir, args.steps, args.rounds)
+    commands = _commands(args.tiny, workdir, args.steps, args.rounds, ssm_scans)
     for name in sections:
       limit = limits[name]
       print(f"== {name} (limit {limit} s)", flush=True)

@@ -3,6 +3,8 @@ r"""Step time of plain training vs CER with k = 1, 2, 3 probes (issue #5, item 7
   python -m benchmarks.train_bench                       # configs/atr_insert.py:tiny
   python -m benchmarks.train_bench --config=configs/atr_insert.py:tiny,family=ssm \
       --steps=20 --rounds=5
+  python -m benchmarks.train_bench --config=configs/atr_insert.py:base,family=ssm \
+      --scan_impl=chunked          # the ssm with another selective scan than 'auto'
 
 Each variant is the real jitted `train_step` (same model, optimizer, batch) with
 `cer.regularizer` none (plain), evidence (k = 1) or evidence_distractor (k = 2,
@@ -54,6 +56,10 @@ flags.DEFINE_list("variants", [v[0] for v in VARIANTS_ALL],
                   "Variants to time (plain is always timed: the ratios are to it).")
 flags.DEFINE_string("smollm2", "", "configs/smollm2_cer.py argument (e.g. 'cpu'): time "
                     "SmolLM2 fine-tuning steps instead of --config's model.")
+flags.DEFINE_string("scan_impl", "", "ssm only: the selective scan to time (model override "
+                    "scan_impl, one of architectures.spec.SCAN_IMPLS; default: the model's, "
+                    "'auto'), e.g. 'chunked' on an accelerator where 'auto' runs "
+                    "'associative'.")
 
 
 def build_variant(config, regularizer: str, k: int):
@@ -150,9 +156,10 @@ def main(argv) -> None:
   if FLAGS.smollm2:
     smollm2_main()
     return
-  config = FLAGS.config
+  config = with_scan_impl(FLAGS.config, FLAGS.scan_impl)
+  scan = f"; scan {FLAGS.scan_impl}" if FLAGS.scan_impl else ""
   print(f"device: {jax.devices()[0].platform} x{jax.device_count()}; model "
-        f"{config.model.family}/{config.model.preset} bypass={config.model.bypass}; "
+        f"{config.model.family}/{config.model.preset} bypass={config.model.bypass}{scan}; "
         f"batch {config.train.batch_size}; context {config.data.context_len}")
   chosen = [v for v in VARIANTS_ALL if v[0] == "plain" or v[0] in FLAGS.variants]
   unknown = set(FLAGS.variants) - {v[0] for v in VARIANTS_ALL}
@@ -176,6 +183,25 @@ def main(argv) -> None:
           + ("" if name == "plain" else f"  (SPEC ~{2 + k} forwards vs 1)"))
   if "cer_k3" in med:
     print(target_line(config.model.family, med["cer_k3"] / med["plain"], FLAGS.target))
+
+
+def with_scan_impl(config, scan_impl: str):
+  """`config` with the ssm's scan_impl overridden ('' leaves it alone); refuses another
+  family or an unknown scan before anything compiles."""
+  if not scan_impl:
+    return config
+  from architectures import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  if config.model.family != "ssm":
+    raise app.UsageError(f"--scan_impl: the ssm family's option; model.family is "
+                         f"{config.model.family!r}")
+  if scan_impl not in spec_lib.SCAN_IMPLS:
+    raise app.UsageError(f"--scan_impl must be one of {list(spec_lib.SCAN_IMPLS)}, got "
+                         f"{scan_impl!r}")
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.model.overrides = dict(config.model.get("overrides", None) or {},
+                                  scan_impl=scan_impl)
+  return config
 
 
 def target_line(family: str, ratio: float, target: float | None = None) -> str:

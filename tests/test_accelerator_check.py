@@ -120,3 +120,47 @@ def test_train_bench_target_line_per_family():
   assert train_bench.target_line("memory_port", 2.61).endswith("<= 2.5 MISS")
   assert train_bench.target_line("ssm", 2.9) == "TARGET cer_k3_step_ratio_ssm 2.90 <= 3.0 PASS"
   assert train_bench.target_line("ssm", 2.9, target=2.0).endswith("<= 2.0 MISS")
+
+
+def test_another_ssm_scan_is_timed_apart_and_not_in_the_total():
+  """`--ssm_scan_impls=chunked`: one more ssm train_bench run with `--scan_impl=chunked`;
+  its step times are keyed 'ssm:chunked' and priced as the ssm's cells, beside the
+  total (which uses the model's own scan), never in it."""
+  cmds = ac._commands(False, "/w", 20, 3, ("chunked",))["train"]
+  assert len(cmds) == len(ac.FAMILIES) + 1
+  assert cmds[-1][-1] == "--scan_impl=chunked" and "family=ssm" in " ".join(cmds[-1])
+  tiny = ac._commands(True, "/w", ssm_scans=("chunked",))["train"]
+  assert len(tiny) == 2 and tiny[-1][-1] == "--scan_impl=chunked"
+  times = {"attention": (1.0, 3.0, 5.0), "ssm": (2.0, 7.0, 11.0), "memory_port": (4.0, 6.0, 8.0)}
+  lines = [l for f, t in times.items() for l in _log(f, 512, *t)]
+  scan = _log("ssm", 512, 1.0, 2.0, 3.0)
+  scan[0] = scan[0].replace("bypass=False;", "bypass=False; scan chunked;")
+  assert ac.step_times(scan) == {("ssm:chunked", 512): {"plain": 1.0, "cer_k1": 2.0,
+                                                        "cer_k2": 3.0}}
+  out = ac.grid_hours(lines + scan)
+  total = sum(20000 * 54 * (p + 3 * e + 2 * d) / 3.6e6 for p, e, d in times.values())
+  assert f"{total:,.0f} device-hours" in out[0]
+  alt = next(l for l in out if l.strip().startswith("ssm:chunked"))
+  assert f"{20000 * 54 * (1 + 3 * 2 + 2 * 3) / 3.6e6:8,.1f} h" in alt
+  assert "instead of ssm's, not in the total" in alt
+
+
+def test_unknown_ssm_scan_is_refused_naming_the_choices(capsys):
+  with pytest.raises(SystemExit):
+    ac.main(["--sections", "train", "--ssm_scan_impls", "chunked,quick"])
+  err = capsys.readouterr().err
+  assert "--ssm_scan_impls: unknown ['quick']" in err and "associative" in err
+
+
+def test_train_bench_scan_impl_refused_before_compiling():
+  from absl import app as absl_app  # pylint: disable=g-import-not-at-top
+  from benchmarks import train_bench  # pylint: disable=g-import-not-at-top
+  from configs import atr_insert  # pylint: disable=g-import-not-at-top
+  with pytest.raises(absl_app.UsageError, match="the ssm family's option"):
+    train_bench.with_scan_impl(atr_insert.get_config("tiny,family=attention"), "chunked")
+  with pytest.raises(absl_app.UsageError, match="must be one of"):
+    train_bench.with_scan_impl(atr_insert.get_config("tiny,family=ssm"), "quick")
+  c = atr_insert.get_config("tiny,family=ssm")
+  assert train_bench.with_scan_impl(c, "") is c
+  assert dict(train_bench.with_scan_impl(c, "chunked").model.overrides) == {"scan_impl": "chunked"}
+  assert "overrides" not in c.model        # the caller's config is left alone
