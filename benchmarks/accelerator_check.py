@@ -204,8 +204,9 @@ def grid_hours(lines: list[str]) -> list[str]:
   compilation, periodic evaluations and the grid's audits (1.4% and 0.9% of the
   FLOPs by scale_bench's count). A family timed in all three step kinds gets its
   hours; the grid's total is printed only when every family has them (a section cut
-  short by its time limit names the families it did not reach). Empty when no
-  family is complete.
+  short by its time limit names the families it did not reach). A run of the ssm with
+  another scan (`--ssm_scan_impls`, keyed 'ssm:<scan>') is priced as the ssm's cells on
+  a line of its own, never in the total. Empty when no family is complete.
   """
   from ceu_jax.grid import sweep  # pylint: disable=g-import-not-at-top
   from configs import paper  # pylint: disable=g-import-not-at-top
