@@ -3,6 +3,7 @@
 Uses a fake, deterministic cell function so the driver is tested on its own;
 the end-to-end grid on real cells is tested in test_grid_e2e.py.
 """
+import json
 import os
 import signal
 import subprocess
@@ -314,6 +315,29 @@ def test_aggregation_excludes_cells_of_an_earlier_config(tmp_path):
                       log=logs.append)
   assert out["rows"] == 12 and "INCLUDED" in [l for l in logs if "WARNING" in l][0]
   assert "included as asked" in (tmp_path / "report.md").read_text()
+
+
+def test_cells_of_two_cpu_models_are_flagged_in_the_log_and_the_report(tmp_path):
+  from ceu_jax import code_version  # pylint: disable=g-import-not-at-top
+  from ceu_jax.grid import main as grid_main
+  config = base_config()
+  runner.run_grid(config, str(tmp_path), fake_cell, log=lambda s: None)
+  logs = []
+  grid_main.run(config, str(tmp_path), aggregate_only=True, log=logs.append)
+  assert not [l for l in logs if "CPU models" in l]
+  here = code_version.cpu_model()
+  assert f"CPU: {here} (every cell)." in (tmp_path / "report.md").read_text()
+  path = sorted((tmp_path / "cells").glob("*/result.json"))[0]
+  result = json.loads(path.read_text())
+  result["versions"]["cpu"] = "Another CPU"             # as if finished on another host
+  path.write_text(json.dumps(result))
+  logs.clear()
+  grid_main.run(config, str(tmp_path), aggregate_only=True, log=logs.append)
+  warning = [l for l in logs if "CPU models" in l]
+  assert len(warning) == 1 and "2 CPU models" in warning[0], logs
+  assert f"{here}: 5 cells" in warning[0] and "Another CPU: 1 cells" in warning[0]
+  text = (tmp_path / "report.md").read_text()
+  assert "**The cells were computed on 2 CPU models**" in text
 
 
 def test_grid_lines_have_elapsed_and_eta(tmp_path):

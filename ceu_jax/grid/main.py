@@ -88,6 +88,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = 
         workdir, rows, results, failures, config=config,
         other_cells=other if include_other_cells else (), excluded=() if
         include_other_cells else other)
+  models = report.cpu_models(results)
+  if len(models) > 1:   # e.g. a grid resumed on another host: float rounding differs
+    log(f"[grid] WARNING: the cells were computed on {len(models)} CPU models ("
+        + "; ".join(f"{m}: {n} cells" for m, n in models.most_common())
+        + "); XLA:CPU rounds differently on each, so a cell rerun elsewhere gives other "
+        "numbers (report.md says so too)")
   claims_path = os.path.join(workdir, "claims.md")
   if os.path.exists(claims_path):
     with open(claims_path) as f:

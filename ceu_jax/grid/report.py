@@ -248,13 +248,19 @@ def code_lines(results: Sequence[dict]) -> list[str]:
           + "; ".join(f"{d} ({n} cells)" for d, n in counts.most_common()) + ".", ""]
 
 
+def cpu_models(results: Sequence[dict]) -> collections.Counter:
+  """CPU model name (result.json's `versions.cpu`; 'unrecorded CPU' before it was
+  recorded) -> number of cells."""
+  return collections.Counter((r.get("versions") or {}).get("cpu") or "unrecorded CPU"
+                             for r in results)
+
+
 def cpu_lines(results: Sequence[dict]) -> list[str]:
   """The CPUs that computed the cells (result.json's `versions.cpu`): one line if all
   agree, else a warning. XLA:CPU compiles for the CPU it runs on, so the same code and
   seed train to other numbers on another CPU model (README, "Results": 3 of the main
   job's 23 verdicts moved on an Intel host against the AMD host of the record)."""
-  counts = collections.Counter((r.get("versions") or {}).get("cpu") or "unrecorded CPU"
-                               for r in results)
+  counts = cpu_models(results)
   if not counts:
     return []
   if len(counts) == 1:
