@@ -77,8 +77,25 @@ class ReadPort(nn.Module):
            span_mask: jax.Array | None = None) -> jax.Array:
     """h_f [b, t, p, d] (the engine's site); with span_mask [b, n] its part Π_S h_f."""
     memory.check_span_mask(span_mask)
-    h = self.port_values(x, memory, span_mask).astype(self.spec.compute_dtype)
-    return layers.constrain(h, PORT_AXES)
+    return self.as_port(self.port_values(x, memory, span_mask))
+
+  def read_and_span(self, x: jax.Array, memory: ContextMemory,
+                    span_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """(read(x, memory), read(x, memory, span_mask)) from `pair_values`: the engine's one
+    call for both where a family names it as its `span_pair_method` (docs/conventions.md
+    §3; a family sets that only when its `pair_values` shares work)."""
+    memory.check_span_mask(span_mask)
+    h, pi = self.pair_values(x, memory, span_mask)
+    return self.as_port(h), self.as_port(pi)
+
+  def pair_values(self, x: jax.Array, memory: ContextMemory,
+                  span_mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """(h_f, Π_S h_f) as `port_values` gives them: two calls (override to share work)."""
+    return self.port_values(x, memory, None), self.port_values(x, memory, span_mask)
+
+  def as_port(self, h: jax.Array) -> jax.Array:
+    """`port_values`' output as `read` returns it: compute dtype, logical sharding."""
+    return layers.constrain(h.astype(self.spec.compute_dtype), PORT_AXES)
 
   def project(self, h: jax.Array) -> jax.Array:
     """The port's output [b, t, e] added to the reader's residual stream."""

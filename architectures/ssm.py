@@ -49,7 +49,9 @@ recurrence runs:
     launch per position and the associative one is memory-bound: XLA's bytes
     per compiled CER step (scale_bench, p400k, n = 256) 2,832 → 571 MB per
     example against 'associative' (attention: 169); 525 vs 2,138 (attention 124)
-    since CER's one run on D− (2026-11-30). The restart flags get no
+    since CER's one run on D− (2026-11-30); 460 vs 1,734 since the port gives h_f and
+    Π_S h_f from one set of contributions (`pair_values`, the engine's
+    `span_pair_method`; same evening). The restart flags get no
     gradient on this path (constant 0/1 masks); jvp is not defined for it.
   'associative': the parallel `jax.lax.associative_scan` over the materialised
     gates everywhere.
@@ -389,6 +391,7 @@ def gate_slot_contributions(gates: Gates, passage_ids: jax.Array,
 class SSMRetrieval(ReadPort):
   """Read port: readout of the selective recurrence's passage-end states."""
   span_decomposition = "exact"  # Π_S state = masked sum of per-token contributions
+  span_pair_method = "read_and_span"  # h_f and Π_S h_f from one set of contributions
 
   def setup(self):
     s = self.spec
@@ -446,6 +449,23 @@ class SSMRetrieval(ReadPort):
   def port_values(self, x: jax.Array, memory: ContextMemory,
                   span_mask: jax.Array | None) -> jax.Array:
     """h_f [b, t, p, c] = C(x_t) · state_p; linear in the states, so Π_S is exact."""
-    states = self.slot_states(memory, span_mask)
+    return self._readout(x, self.slot_states(memory, span_mask))
+
+  def _readout(self, x: jax.Array, states: jax.Array) -> jax.Array:
     c = self.c_proj(x.astype(jnp.float32))                                 # [b,t,s]
     return jnp.einsum("bts,bpcs->btpc", c, states)
+
+  def pair_values(self, x: jax.Array, memory: ContextMemory,
+                  span_mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """(h_f, Π_S h_f) for `read_and_span`, the engine's one call for both (this class's
+    `span_pair_method`): where both reads go through the per-token contributions
+    ('chunked', 'associative', 'sequential'), from one set of them, so that the
+    gradients of the two reads meet before the contributions' backward (one pass over
+    [b,n,c,s] tensors instead of two); with 'fused' / 'linear' (the unmasked read keeps
+    the scan's states) the two reads as `port_values` computes them."""
+    impl = resolve_scan_impl(self.spec.scan_impl)
+    if span_mask is None or impl in ("fused", "linear"):
+      return super().pair_values(x, memory, span_mask)
+    contributions = self.contributions(memory)
+    return (self._readout(x, contributions.states(None)),
+            self._readout(x, contributions.states(span_mask)))

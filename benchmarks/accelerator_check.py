@@ -352,7 +352,7 @@ def main(argv=None) -> int:
   for flag in ("steps", "rounds"):
     if getattr(args, flag) < 1:
       ap.error(f"--{flag}: {getattr(args, flag)} must be >= 1")
-  from architectures.spec import SCAN_IMPLS  # pylint: disable=g-import-not-at-top
+  from architectures import SCAN_IMPLS  # pylint: disable=g-import-not-at-top
   ssm_scans = tuple(filter(None, args.ssm_scan_impls.split(",")))
   bad = sorted(set(ssm_scans) - set(SCAN_IMPLS))
   if bad:

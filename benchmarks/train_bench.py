@@ -190,12 +190,12 @@ def with_scan_impl(config, scan_impl: str):
   family or an unknown scan before anything compiles."""
   if not scan_impl:
     return config
-  from architectures import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  from architectures import SCAN_IMPLS  # pylint: disable=g-import-not-at-top
   if config.model.family != "ssm":
     raise app.UsageError(f"--scan_impl: the ssm family's option; model.family is "
                          f"{config.model.family!r}")
-  if scan_impl not in spec_lib.SCAN_IMPLS:
-    raise app.UsageError(f"--scan_impl must be one of {list(spec_lib.SCAN_IMPLS)}, got "
+  if scan_impl not in SCAN_IMPLS:
+    raise app.UsageError(f"--scan_impl must be one of {list(SCAN_IMPLS)}, got "
                          f"{scan_impl!r}")
   config = copy.deepcopy(config)
   with config.unlocked():

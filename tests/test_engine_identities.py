@@ -176,6 +176,26 @@ def test_engine_matches_python_loop_reference(port):
     np.testing.assert_allclose(got.L_int[k], want, atol=TOL)
 
 
+def test_a_span_pair_method_is_called_once_and_equals_the_two_reads():
+  """docs/conventions.md §3: a port naming a `span_pair_method` gives h and Π_S h from
+  one call of it; L_int equals the hand-written two-read reference, and a pair method
+  that does not return a pair is refused naming the attribute."""
+  model, v, clean, corrupt, ll, _ = toy("pair")
+  b, n = clean[1].shape
+  t = clean[0].shape[1] + clean[2].shape[1]
+  probes = _random_probes(7, 3, b, n, t, 2)
+  got = engine.audit(ll, v, clean=clean, corrupt=corrupt, site=SITE, probes=probes,
+                     chunk_size=2)
+  for k in range(3):
+    want = reference_logliks(model, v, clean, corrupt, 1, span=probes.span[k],
+                             ports=probes.ports[k], positions=probes.positions[k])
+    np.testing.assert_allclose(got.L_int[k], want, atol=TOL)
+  _, bad_v, clean, corrupt, bad_ll, _ = toy("bad_pair")
+  with pytest.raises(engine.EngineError, match="span_pair_method.*must return the pair"):
+    engine.audit(bad_ll, bad_v, clean=clean, corrupt=corrupt, site=SITE, probes=probes,
+                 chunk_size=2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("port", ["attn", "ssm"])
 def test_many_probes_any_chunking_matches_reference(port):

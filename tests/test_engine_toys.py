@@ -113,8 +113,27 @@ class MemoryPort(nn.Module):
     return jnp.einsum("btph,bph->btph", self.wg(x), slots) / n
 
 
+class PairPort(AttnPort):
+  """AttnPort with a `span_pair_method`: h and Π_S h from one set of weights."""
+  span_pair_method = "read_both"
+
+  def read_both(self, x, ctx, span_mask=None):
+    a, v = self.weights(x, ctx), self.wv(ctx)
+    read = lambda s: jnp.einsum("btpn,bnph->btph", a, _apply_span(v, s))
+    return read(None), read(span_mask)
+
+
+class BadPairPort(AttnPort):
+  """Names a pair method that returns h alone (the engine must refuse it)."""
+  span_pair_method = "read_h"
+
+  def read_h(self, x, ctx, span_mask=None):
+    del span_mask
+    return jnp.einsum("btpn,bnph->btph", self.weights(x, ctx), self.wv(ctx))
+
+
 PORTS = {"attn": AttnPort, "ssm": SSMPort, "memory": MemoryPort,
-         "plain": PlainPort}
+         "plain": PlainPort, "pair": PairPort, "bad_pair": BadPairPort}
 
 
 class Block(nn.Module):

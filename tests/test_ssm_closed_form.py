@@ -8,6 +8,7 @@ channels, s state size, T reader positions.
 """
 from __future__ import annotations
 
+import collections
 import functools
 
 import flax.linen as nn
@@ -326,10 +327,10 @@ def test_read_scan_is_outside_the_probe_loop(hoist):
 def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch, impl, name,
                                                                    unmasked):
   """Executions of the contributions (counted by a host callback inside them)
-  do not grow with K: L+ and L− runs, then Π_S h and h on the clean and the
-  corrupted run once each, shared by every chunk (`unmasked`: the impl reads h
-  from the contributions too; the linear scan reads h by its scan, so only the
-  two Π_S h count)."""
+  do not grow with K: L+ and L− runs, then one on the clean and one on the
+  corrupted run, shared by every chunk (`unmasked`: the impl reads h from the
+  contributions too, so the port's `read_and_span` gives h and Π_S h from one set;
+  the linear scan reads h by its scan, so only the two Π_S h count)."""
   calls = [0]
   inner = getattr(ssm, name)
 
@@ -352,7 +353,55 @@ def test_contributions_computed_once_whatever_the_number_of_probes(monkeypatch, 
     jax.effects_barrier()
     return calls[0]
 
-  per_run = 2 if unmasked else 1                         # (Π_S h, h) or Π_S h alone
+  per_run = 1                                             # (h, Π_S h) at once, or Π_S h
   plain = 2 if unmasked else 0                            # the L+ and L− runs
   assert executions(4) == executions(12) == plain + 2 * per_run     # 2 and 6 chunks
   assert executions(12, hoist=False) == plain + 2 * per_run * 6     # per chunk, no hoisting
+
+
+@pytest.mark.parametrize("impl", ["chunked", "associative", "linear"])
+def test_one_call_for_h_and_its_span_part_equals_two_reads(monkeypatch, impl):
+  """The port's `read_and_span` (the engine's `span_pair_method`): the engine's L_int and
+  its gradients equal those of the two reads (`read`, then `read` with the span) at 1e-5
+  of each leaf's scale; the port is entered once per run (the site method not at all);
+  on 'linear' it is the two reads themselves, bit for bit."""
+  model, variables, clean, corrupt, site = _model_and_batch(impl)
+  ll = make_loglik_fn(model)
+  b, n = clean.context.shape
+  spans = jax.random.bernoulli(jax.random.PRNGKey(3), 0.4, (3, b, n))
+
+  def value_and_grads():
+    fresh = lambda v, inputs: ll(v, inputs)   # a new function: no program of the other mode
+
+    def l_int(v):
+      return engine.audit(fresh, v, clean=clean, corrupt=corrupt, site=site,
+                          probes=engine.Probes(span=spans), chunk_size=3).L_int
+    return jax.value_and_grad(lambda v: jnp.sum(l_int(v) * jnp.arange(1.0, 4.0)[:, None]))(
+        variables), l_int(variables)
+
+  entered = collections.Counter()
+  for method in ("contributions", "read_and_span"):
+    original = getattr(ssm.SSMRetrieval, method)
+
+    def spy(self, *a, _name=method, _f=original, **kw):
+      entered[_name] += 1
+      return _f(self, *a, **kw)
+    monkeypatch.setattr(ssm.SSMRetrieval, method, spy)
+  (total, grads), got = value_and_grads()
+  pairs, sets = entered["read_and_span"], entered["contributions"]
+  assert pairs > 0, entered
+  monkeypatch.setattr(ssm.SSMRetrieval, "span_pair_method", None)   # the two reads
+  entered.clear()
+  (want_total, want_grads), want = value_and_grads()
+  # with two reads each patched run makes a second set (not on 'linear': h by its scan)
+  assert entered == {"contributions": sets + (0 if impl == "linear" else pairs)}, entered
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(total, want_total, rtol=1e-5, atol=1e-5)
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads),
+                          jax.tree.leaves(want_grads)):
+    scale = max(1.0, float(np.abs(w).max()))
+    np.testing.assert_allclose(np.asarray(g) / scale, np.asarray(w) / scale, rtol=0,
+                               atol=1e-5, err_msg=jax.tree_util.keystr(path))
+    if impl == "linear":
+      np.testing.assert_array_equal(g, w)
+  assert max(float(np.abs(w).max()) for w in jax.tree.leaves(want_grads)) > 1e-4

@@ -49,6 +49,10 @@ from ceu_jax.engine.errors import (EngineError, MaskShapeError,
                                    SpanUnsupportedError)
 
 SPAN_KWARG = "span_mask"
+# Optional class attribute of a native port: the name of a method that takes the site
+# method's arguments (with `span_mask`) and returns (h, Π_S h) from one computation, equal
+# to the two calls; the engine then calls it once instead (docs/conventions.md §3).
+SPAN_PAIR_ATTR = "span_pair_method"
 EXACT, APPROXIMATE = "exact", "approximate"
 PORT_LETTERS = ("p", "h")          # a layout's port axis: ports or heads
 
@@ -168,8 +172,9 @@ class Adapter:
 class Native(Adapter):
   """The project's read-port convention (docs/conventions.md §3): h = the
   method's output ([B, T, P, D] for port/position probes); Π_S = the method
-  called again with ``span_mask=S``; the module class declares
-  ``span_decomposition = 'exact' | 'approximate'``."""
+  called again with ``span_mask=S`` — or, where the class names a
+  `span_pair_method`, h and Π_S from one call of that method; the module class
+  declares ``span_decomposition = 'exact' | 'approximate'``."""
   layout: Optional[str] = "btpd"
   default_method: str = dataclasses.field(default="read", repr=False)
 
@@ -177,6 +182,9 @@ class Native(Adapter):
     return getattr(module, "span_decomposition", None)
 
   def intercept(self, call, span, edit):
+    pair = None if span is None else getattr(type(call.module), SPAN_PAIR_ATTR, None)
+    if pair:                      # one computation for both (docs/conventions.md §3)
+      return edit(*call_pair(call, pair, span))
     h = call.run()
     pi = None if span is None else call_with_span(call, span)
     return edit(h, pi)
@@ -397,8 +405,8 @@ class Tap(nn.Module):
     return x
 
 
-def call_with_span(call: Call, span: jax.Array) -> jax.Array:
-  """Calls a native port with ``span_mask=span`` (replacing any value passed)."""
+def _span_arguments(call: Call, span: jax.Array) -> tuple[tuple, dict]:
+  """The call's (args, kwargs) with ``span_mask=span`` (replacing any value passed)."""
   fn = getattr(type(call.module), call.site.method)
   args, kwargs = call.args, call.kwargs
   try:
@@ -408,20 +416,43 @@ def call_with_span(call: Call, span: jax.Array) -> jax.Array:
     sig, bound = None, None
   if sig is not None and SPAN_KWARG in sig.parameters:
     bound.arguments[SPAN_KWARG] = span
-    args, kwargs = tuple(bound.args[1:]), dict(bound.kwargs)
-  elif sig is not None and not any(
-      p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+    return tuple(bound.args[1:]), dict(bound.kwargs)
+  if sig is not None and not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
     raise SpanUnsupportedError(
         f"site {call.site}: method {type(call.module).__name__}."
         f"{call.site.method} has no `{SPAN_KWARG}` parameter")
-  else:
-    kwargs = {**kwargs, SPAN_KWARG: span}
+  return args, {**kwargs, SPAN_KWARG: span}
+
+
+def _rejected(call: Call, span: jax.Array, e: Exception) -> MaskShapeError:
+  return MaskShapeError(
+      f"site {call.site}: the port rejected span_mask of shape "
+      f"{tuple(span.shape)} (expected [B, N] over its context tokens): {e}")
+
+
+def call_with_span(call: Call, span: jax.Array) -> jax.Array:
+  """Calls a native port with ``span_mask=span`` (replacing any value passed)."""
+  args, kwargs = _span_arguments(call, span)
   try:
     return call.rerun(*args, **kwargs)
   except EngineError:
     raise
   except (TypeError, ValueError) as e:
-    raise MaskShapeError(
-        f"site {call.site}: the port rejected span_mask of shape "
-        f"{tuple(span.shape)} (expected [B, N] over its context tokens): {e}"
-    ) from e
+    raise _rejected(call, span, e) from e
+
+
+def call_pair(call: Call, method: str, span: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(h, Π_S h) from the port's ``method`` (its class's `SPAN_PAIR_ATTR`), called once
+  with the site call's arguments and ``span_mask=span``."""
+  args, kwargs = _span_arguments(call, span)
+  try:
+    out = getattr(call.module, method)(*args, **kwargs)
+  except EngineError:
+    raise
+  except (TypeError, ValueError) as e:
+    raise _rejected(call, span, e) from e
+  if not (isinstance(out, tuple) and len(out) == 2):
+    raise EngineError(
+        f"site {call.site}: {type(call.module).__name__}.{method} (its "
+        f"`{SPAN_PAIR_ATTR}`) must return the pair (h, Π_S h), got {type(out).__name__}")
+  return out
