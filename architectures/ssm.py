@@ -388,6 +388,11 @@ def gate_slot_contributions(gates: Gates, passage_ids: jax.Array,
   return SlotContributions(terms, token_slot)
 
 
+# The scans whose unmasked read keeps the recurrence's own states at passage ends (not the
+# per-token contributions): `slot_states` and `pair_values` branch on it alike.
+SCAN_STATE_READS = ("fused", "linear")
+
+
 class SSMRetrieval(ReadPort):
   """Read port: readout of the selective recurrence's passage-end states."""
   span_decomposition = "exact"  # Π_S state = masked sum of per-token contributions
@@ -437,7 +442,7 @@ class SSMRetrieval(ReadPort):
     which the engine computes once for all probes."""
     s = self.spec
     impl = resolve_scan_impl(s.scan_impl)
-    if span_mask is None and impl in ("fused", "linear"):
+    if span_mask is None and impl in SCAN_STATE_READS:
       ends = passage_end_onehot(memory.passage_ids, s.num_passages)         # [b,p,n]
       gates = self.read_gates(memory)
       if impl == "fused":
@@ -464,7 +469,7 @@ class SSMRetrieval(ReadPort):
     [b,n,c,s] tensors instead of two); with 'fused' / 'linear' (the unmasked read keeps
     the scan's states) the two reads as `port_values` computes them."""
     impl = resolve_scan_impl(self.spec.scan_impl)
-    if span_mask is None or impl in ("fused", "linear"):
+    if span_mask is None or impl in SCAN_STATE_READS:
       return super().pair_values(x, memory, span_mask)
     contributions = self.contributions(memory)
     return (self._readout(x, contributions.states(None)),
