@@ -246,12 +246,81 @@ def grid_hours(lines: list[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- driver
+def _env(cache_dir: str, **extra: str) -> dict[str, str]:
+  """A section's environment: unbuffered output, the shared compilation cache (the
+  user's own JAX_COMPILATION_CACHE_DIR wins; main says which is used) keeping every
+  program, whatever the user's minimum compile time (a program near such a threshold
+  would be kept by one run and not by the next, and --warm would miss it)."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+  if cache_dir:
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", cache_dir)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  return env
+
+
+def _warm_commands(tiny: bool, workdir: str, sections: list[str],
+                   ssm_scans: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+  """(section, command) pairs that compile every program the timed sections run: the
+  same commands with one timed step (train_bench's programs do not depend on
+  --steps / --rounds), the audit split per family."""
+  commands = _commands(tiny, os.path.join(workdir, "warm"), 1, 1, ssm_scans)
+  out = []
+  for name in sections:
+    for cmd in commands[name]:
+      if name == "audit" and not tiny:
+        out += [(name, cmd + [f"--families={family}"]) for family in FAMILIES]
+      else:
+        out.append((name, cmd))
+  return out
+
+
+def warm_up(pairs: list[tuple[str, list[str]]], parallel: int, limit_s: float,
+            cache_dir: str, log_path: str | None) -> list[str]:
+  """Run the warm-up commands ``parallel`` at a time, sharing the card (no memory
+  preallocation), their output kept apart from the timed sections' (one log,
+  each line prefixed by its command), every one stopped at ``limit_s`` after the
+  first started. Their timings mean nothing (they ran side by side, and XLA's
+  autotuning measured candidates on a shared card); they only fill the cache.
+  Returns one `WARM <section>[<i>] ok|FAILED|TIMEOUT <seconds>` line per command."""
+  env = _env(cache_dir, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  t0 = time.perf_counter()
+  todo, running, done = list(enumerate(pairs)), {}, {}
+  with tempfile.TemporaryDirectory(prefix="accelerator_check_warm_") as tmp:
+    while (todo or running) and time.perf_counter() < t0 + limit_s:
+      while todo and len(running) < parallel:
+        i, (name, cmd) = todo.pop(0)
+        f = open(os.path.join(tmp, f"{i}.log"), "w", encoding="utf-8")
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        running[i] = (subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True), f, time.perf_counter())
+      for i, (p, f, start) in list(running.items()):
+        if p.poll() is not None:
+          f.close()
+          done[i] = ("ok" if p.returncode == 0 else "FAILED", time.perf_counter() - start)
+          del running[i]
+      time.sleep(0.5)
+    for i, (p, f, start) in running.items():
+      os.killpg(p.pid, 9)
+      p.wait()
+      f.close()
+      done[i] = ("TIMEOUT", time.perf_counter() - start)
+    for i, _ in todo:
+      done[i] = ("TIMEOUT", 0.0)   # never started
+    lines = []
+    for i, (name, _) in enumerate(pairs):
+      lines.append(f"WARM {name}[{i}] {done[i][0]} {done[i][1]:.1f}")
+      if log_path and os.path.exists(os.path.join(tmp, f"{i}.log")):
+        with open(os.path.join(tmp, f"{i}.log"), encoding="utf-8") as src, \
+            open(log_path, "a", encoding="utf-8") as log:
+          log.writelines(f"[{name}:{i}] {line}" for line in src)
+  return lines
+
+
 def _run(cmd: list[str], limit_s: float, log_path: str | None,
          cache_dir: str = "") -> tuple[str, float, list[str]]:
   """Run one command, echoing its output; (status, seconds, lines)."""
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  if cache_dir:   # the user's own JAX_COMPILATION_CACHE_DIR wins (main says which is used)
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", cache_dir)
+  env = _env(cache_dir)
   t0 = time.perf_counter()
   lines = []
   log = open(log_path, "a", encoding="utf-8") if log_path else None
@@ -321,6 +390,14 @@ def main(argv=None) -> int:
   ap.add_argument("--cache_dir", default=None,
                   help="persistent compilation cache for every section ('none': off; "
                   "default <tmp>/ceu_jax_accelerator_check_cache, off with --tiny)")
+  ap.add_argument("--warm", type=int, default=0,
+                  help="first compile every program the timed sections will run: their "
+                  "commands this many at a time, side by side on the card, timings "
+                  "discarded (log: <out>/warm.log), filling the compilation cache, so that "
+                  "the timed sections load programs instead of compiling them one after "
+                  "another (needs the cache; 0: off)")
+  ap.add_argument("--warm_limit", type=float, default=240.0,
+                  help="--warm: seconds for the whole warm-up")
   ap.add_argument("--section", default="", help=argparse.SUPPRESS)   # run one section in-process
   ap.add_argument("--workdir", default="", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -358,15 +435,29 @@ def main(argv=None) -> int:
   if bad:
     ap.error(f"--ssm_scan_impls: unknown {bad}; choose from {', '.join(SCAN_IMPLS)}")
   cache_dir = _cache_dir(args.cache_dir, args.tiny)
+  if args.warm < 0 or args.warm_limit <= 0:
+    ap.error(f"--warm {args.warm} must be >= 0 and --warm_limit {args.warm_limit} > 0")
+  if args.warm and not cache_dir:
+    ap.error("--warm fills the compilation cache: it needs one (--cache_dir is 'none')")
   if cache_dir:
     os.makedirs(cache_dir, exist_ok=True)
     print(f"compilation cache {cache_dir}: {len(os.listdir(cache_dir))} entries before this "
           "run (compile times of programs found there are cache loads)", flush=True)
   if args.out:
     os.makedirs(args.out, exist_ok=True)
-  results, targets = {}, []
+  results, targets, warm_json = {}, [], {}
   with tempfile.TemporaryDirectory(prefix="accelerator_check_") as workdir:
     commands = _commands(args.tiny, workdir, args.steps, args.rounds, ssm_scans)
+    if args.warm:
+      pairs = _warm_commands(args.tiny, workdir, sections, ssm_scans)
+      print(f"== warm-up: {len(pairs)} commands, {args.warm} at a time (limit "
+            f"{args.warm_limit} s)", flush=True)
+      warm = warm_up(pairs, args.warm, args.warm_limit, cache_dir,
+                     os.path.join(args.out, "warm.log") if args.out else None)
+      n_warm = len(os.listdir(cache_dir))
+      print("\n".join(warm) + f"\ncompilation cache: {n_warm} entries after the warm-up",
+            flush=True)
+      warm_json = {"warm": {"parallel": args.warm, "limit_s": args.warm_limit, "lines": warm}}
     for name in sections:
       limit = limits[name]
       print(f"== {name} (limit {limit} s)", flush=True)
@@ -382,7 +473,11 @@ def main(argv=None) -> int:
       targets += [l.strip() for l in lines if l.strip().startswith("TARGET ")]
       results[name] = {"status": status, "seconds": round(seconds, 1), "lines": lines}
       if args.out:
-        _write_json(os.path.join(args.out, "accelerator_check.json"), results)
+        _write_json(os.path.join(args.out, "accelerator_check.json"), {**warm_json, **results})
+  if args.warm:   # a program the timed sections compiled anew was missed by the warm-up
+    n_after = len(os.listdir(cache_dir))
+    print(f"compilation cache: {n_after} entries after the timed sections "
+          f"({n_after - n_warm} new since the warm-up)")
   if "train" in results and not args.tiny:
     print("\n".join(grid_hours(results["train"]["lines"])))
   for name, r in results.items():

@@ -97,15 +97,28 @@ def test_unknown_section_is_refused_naming_the_choices(capsys):
 
 
 def test_tiny_check_runs_every_section_on_the_cpu(tmp_path):
+  """The whole tiny check, through the warm-up: every command compiled side by side
+  first, then the timed sections compile nothing new (every program they run was in
+  the cache)."""
   env = fast_compile_env(dict(os.environ, JAX_PLATFORMS="cpu"))
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  out_dir, cache = tmp_path / "out", tmp_path / "cache"
   p = subprocess.run([sys.executable, "-m", "benchmarks.accelerator_check", "--tiny",
-                      "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=600, check=False)
+                      "--out", str(out_dir), "--warm", "2", "--cache_dir", str(cache)],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                     check=False)
   out = p.stdout
   assert p.returncode == 0, out[-3000:] + p.stderr[-3000:]
   for name in ac.SECTIONS:
     assert f"SECTION {name} ok" in out, out[-3000:]
-    assert (tmp_path / f"{name}.log").exists()
+    assert (out_dir / f"{name}.log").exists()
+    assert f"WARM {name}[" in out
+  warm = [l for l in out.splitlines() if l.startswith("WARM ")]
+  assert len(warm) == len(ac.SECTIONS) and all(l.split()[2] == "ok" for l in warm), warm
+  assert "(0 new since the warm-up)" in out, out[-3000:]
+  warm_log = (out_dir / "warm.log").read_text()
+  assert "[train:1] $ " in warm_log and "--steps=1" in warm_log
+  assert '"warm"' in (out_dir / "accelerator_check.json").read_text()
   assert "backend cpu" in out
   assert "TARGET cer_k3_step_ratio" in out and "TARGET decode_speedup" in out
   assert "cell wall" in out and "audit_bench: preset=p100k" in out
@@ -164,3 +177,30 @@ def test_train_bench_scan_impl_refused_before_compiling():
   assert train_bench.with_scan_impl(c, "") is c
   assert dict(train_bench.with_scan_impl(c, "chunked").model.overrides) == {"scan_impl": "chunked"}
   assert "overrides" not in c.model        # the caller's config is left alone
+
+
+def test_warm_up_runs_every_timed_program_once_with_one_step():
+  """--warm's commands: the timed sections' own, train_bench with one step and round
+  (its programs do not depend on them), the full audit split per family."""
+  pairs = ac._warm_commands(False, "/w", list(ac.SECTIONS), ("chunked",))
+  names = [name for name, _ in pairs]
+  assert names == ["backend"] + ["train"] * 4 + ["cell", "decode"] + ["audit"] * 3
+  timed = ac._commands(False, "/w", 20, 3, ("chunked",))["train"]
+  for (_, cmd), t in zip(pairs[1:5], timed):
+    assert [a for a in cmd if not a.startswith(("--steps", "--rounds"))] == [
+        a for a in t if not a.startswith(("--steps", "--rounds"))]
+    assert "--steps=1" in cmd and "--rounds=1" in cmd
+  assert [cmd[-1] for _, cmd in pairs[-3:]] == [f"--families={f}" for f in ac.FAMILIES]
+  assert ac._warm_commands(True, "/w", ["audit"], ())[0][1][-1] == "--preset=p100k"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--warm", "-1"], "--warm -1 must be >= 0"),
+    (["--warm", "2", "--warm_limit", "0"], "--warm_limit 0.0 > 0"),
+    (["--warm", "2", "--cache_dir", "none"], "it needs one"),
+])
+def test_bad_warm_flags_are_refused(capsys, monkeypatch, flags, message):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  with pytest.raises(SystemExit):
+    ac.main(["--sections", "train", *flags])
+  assert message in capsys.readouterr().err
