@@ -9,11 +9,11 @@ Recurrence (per channel c and state index s, diagonal):
   h_j = A_j ⊙ h_{j-1} + B_j x_j,   A_j = exp(Δ_j · A),  B_j x_j = Δ_j · B_j · x_j,
 with input-dependent (selective) Δ_j, B_j. `scan_impl` picks how the
 recurrence runs:
-  'auto' (the default): 'linear' on CPU, 'associative' on an accelerator — the
-    one measured there (H100, 2026-11-26: p400k n = 512 batch 128, plain 22.5 ms,
-    CER 97.4 ms per step; docs/accelerator/). 'chunked' moves 5x fewer bytes by
-    XLA's count but has not run on an accelerator yet: ask for it explicitly
-    (model overrides scan_impl='chunked') and measure it there first.
+  'auto' (the default): 'linear' on CPU, 'chunked' on an accelerator — the faster
+    of the two measured there (H200, 2026-11-30, p400k n = 512 batch 128, median of
+    3 x 20 steps: plain 12.2 vs 18.2 ms, CER k = 1 26.1 vs 45.1 ms, k = 2 26.3 vs
+    45.3 ms against 'associative', 'auto's choice until then; the H100 of
+    2026-11-26 ran 'associative' only; docs/accelerator/h200_2026-11-30_warm/).
   'linear' (CPU's default since 2026-11-29): the gates materialised ([b,l,c,s]), one
     `lax.scan` over them, its gradient written out (`ssm_scan.linear_scan`: the
     adjoint recurrence from the right, the rest element-wise over whole tensors);
@@ -28,7 +28,7 @@ recurrence runs:
     61.6 → 48.5 ms, the CER (k = 1) loss gradient
     197.9 → 150.5 ms, against 'fused'. Memory: [b,l,c,s] tensors (5 MB at the
     smoke grid's shapes, 0.6 GB at p400k n = 512 batch 128 — a size for an
-    accelerator, where 'auto' picks 'associative', which stores them too).
+    accelerator, where 'auto' picks 'chunked', which does not store them).
   'fused': one `lax.scan` whose step builds A_j and B_j x_j from the [b,l,c] /
     [b,l,s] factors (no [b,l,c,s] gate tensor; an encoder block's scan emits only
     its readout [b,l,c]); the unmasked read keeps the states at passage ends, and
@@ -51,7 +51,8 @@ recurrence runs:
     example against 'associative' (attention: 169); 525 vs 2,138 (attention 124)
     since CER's one run on D− (2026-11-30); 460 vs 1,734 since the port gives h_f and
     Π_S h_f from one set of contributions (`pair_values`, the engine's
-    `span_pair_method`; same evening). The restart flags get no
+    `span_pair_method`; same evening). On the H200 1.7x faster CER steps than
+    'associative' ('auto' above). The restart flags get no
     gradient on this path (constant 0/1 masks); jvp is not defined for it.
   'associative': the parallel `jax.lax.associative_scan` over the materialised
     gates everywhere.
@@ -125,11 +126,11 @@ def sequential_scan(a: jax.Array, b: jax.Array, reverse: bool = False) -> jax.Ar
 
 
 def resolve_scan_impl(impl: str) -> str:
-  """'auto' -> 'linear' on the CPU backend, else 'associative' (the path measured on an
-  accelerator; module doc); other values unchanged."""
+  """'auto' -> 'linear' on the CPU backend, else 'chunked' (the faster of the scans
+  measured on an accelerator; module doc); other values unchanged."""
   if impl != "auto":
     return impl
-  return "linear" if jax.default_backend() == "cpu" else "associative"
+  return "linear" if jax.default_backend() == "cpu" else "chunked"
 
 
 def run_scan(a: jax.Array, b: jax.Array, impl: str, reverse: bool = False) -> jax.Array:

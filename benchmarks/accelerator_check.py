@@ -27,9 +27,9 @@ or hangs is reported and the next one runs), in this order:
            step kinds (plain, CER evidence k = 1, evidence + distractor k = 2), the
            measured counterpart of scale_bench's roofline estimate; --tiny: CPU
            shapes, plain vs CER k = 3. --ssm_scan_impls: the ssm once more per scan
-           named (`train_bench --scan_impl`; 'auto' runs 'associative' on an
-           accelerator, and 'chunked', issue #37 item 2's formulation, has not been
-           timed on one)
+           named (`train_bench --scan_impl`; 'auto' runs 'chunked' on an
+           accelerator since the H200 timed it 1.7x faster than 'associative' in CER
+           steps, 2026-11-30)
   cell     one cell of the main job (configs/smoke.py: ssm x CER evidence +
            distractor, seed 0, the grid's heaviest), trained and audited under
            every test condition, wall time split into train and audit
@@ -241,6 +241,9 @@ def grid_hours(lines: list[str]) -> list[str]:
       f"{k} {longest[family][1][k]:.2f}" for k in STEP_KIND.values()) + ")"
           + (f"; instead of {family.partition(':')[0]}'s, not in the total" if ":" in family
              else "")
+          + (f" (total with it instead: "
+             f"{sum(hours.values()) - hours[family.partition(':')[0]] + h:,.0f} device-hours)"
+             if ":" in family and not missing else "")
           for family, h in list(hours.items()) + list(alt.items())]
   return out
 
@@ -386,7 +389,7 @@ def main(argv=None) -> int:
   ap.add_argument("--rounds", type=int, default=3, help="train section: timed rounds")
   ap.add_argument("--ssm_scan_impls", default="",
                   help="train section: also time the ssm with these scans, comma-separated "
-                  "(e.g. chunked: 'auto' runs associative on an accelerator)")
+                  "(e.g. associative: 'auto' runs chunked on an accelerator)")
   ap.add_argument("--cache_dir", default=None,
                   help="persistent compilation cache for every section ('none': off; "
                   "default <tmp>/ceu_jax_accelerator_check_cache, off with --tiny)")

@@ -23,8 +23,9 @@ estimated device-hours on an H100 and a TPU v5e (issue #20, item 5).
 
 4. The ssm against attention (issue #37, item 2): every ssm program uses
    `--scan_impl` (default 'chunked', issue #37 item 2's formulation for
-   accelerators; scan_impl 'auto' still picks 'associative' there, the one measured
-   on an H100 and an H200); `--compare_scan_impl` (default 'associative') repeats the ssm's CER-step bytes and the paper grid with that scan,
+   accelerators and what scan_impl 'auto' picks there since the H200 measured it
+   faster, 2026-11-30); `--compare_scan_impl` (default 'associative', 'auto's
+   accelerator scan before) repeats the ssm's CER-step bytes and the paper grid with that scan,
    so one run prints both estimates. TARGET lines: the grid's H100 roofline hours,
    all variants, <= 300; the ssm's bytes per compiled
    CER step (p400k, n = 256) over attention's, <= 3.0; and the same ratio of CPU
@@ -105,7 +106,7 @@ def _other_loops(hlo: str) -> list[str]:
 
 # 1. Compiler cost ---------------------------------------------------------------
 
-# The ssm's scan for an accelerator (--scan_impl; 'auto' picks 'associative' there):
+# The ssm's scan for an accelerator (--scan_impl; 'auto' picks 'chunked' there):
 # XLA's cost analysis counts a while loop's body once, so the CPU's step-by-step
 # scans ('linear', 'fused') would hide the ssm's per-position work; --compare_scan_impl
 # prints the associative scan's numbers too.

@@ -58,8 +58,8 @@ flags.DEFINE_string("smollm2", "", "configs/smollm2_cer.py argument (e.g. 'cpu')
                     "SmolLM2 fine-tuning steps instead of --config's model.")
 flags.DEFINE_string("scan_impl", "", "ssm only: the selective scan to time (model override "
                     "scan_impl, one of architectures.spec.SCAN_IMPLS; default: the model's, "
-                    "'auto'), e.g. 'chunked' on an accelerator where 'auto' runs "
-                    "'associative'.")
+                    "'auto'), e.g. 'associative' on an accelerator where 'auto' runs "
+                    "'chunked'.")
 
 
 def build_variant(config, regularizer: str, k: int):

@@ -15,6 +15,7 @@ from tests.test_multiprocess_helpers import fast_compile_env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100 = os.path.join(ROOT, "docs", "accelerator", "h100_2026-11-26")
 H200 = os.path.join(ROOT, "docs", "accelerator", "h200_2026-11-30")
+H200_WARM = os.path.join(ROOT, "docs", "accelerator", "h200_2026-11-30_warm")
 
 
 def _log(family: str, n: int, plain: float, k1: float, k2: float) -> list[str]:
@@ -70,6 +71,26 @@ def test_the_h200_ssm_hours_come_from_the_committed_logs(capsys):
   with open(os.path.join(ROOT, "docs", "benchmarks.md"), encoding="utf-8") as f:
     doc = f.read()
   assert "18.97 / 55.44 / 55.03" in doc and "88.6 device-hours" in doc
+
+
+@pytest.mark.parametrize("call, total, chunked, instead", [
+    ("call1", 100, "ssm:chunked      44.4 h  (ms/step plain 12.87, cer_k1 27.32, cer_k2 26.52)",
+     70),
+    ("call2", 98, "ssm:chunked      42.9 h  (ms/step plain 12.17, cer_k1 26.07, cer_k2 26.28)",
+     68)])
+def test_the_h200_grid_hours_come_from_the_committed_logs(capsys, call, total, chunked,
+                                                          instead):
+  """docs/benchmarks.md's and the README's H200 grid hours (every family timed, the ssm
+  with 'associative' — 'auto' then — and with 'chunked') from the committed logs."""
+  ac.main(["--from_log", os.path.join(H200_WARM, f"{call}_train.log")])
+  out = capsys.readouterr().out
+  assert f"{total} device-hours" in out and chunked in out
+  assert f"(total with it instead: {instead} device-hours)" in out
+  docs = [os.path.join("docs", "benchmarks.md")] + (["README.md"] if call == "call2" else [])
+  for doc in docs:      # the README quotes call 2 (3 x 20 steps)
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+      text = f.read()
+    assert f"{total} device-hours" in text and f"{instead} device-hours" in text, doc
 
 
 @pytest.mark.parametrize("flag", ["train=0", "trian=5", "train", "cell=x", "audit=-1"])
@@ -156,6 +177,9 @@ def test_another_ssm_scan_is_timed_apart_and_not_in_the_total():
   alt = next(l for l in out if l.strip().startswith("ssm:chunked"))
   assert f"{20000 * 54 * (1 + 3 * 2 + 2 * 3) / 3.6e6:8,.1f} h" in alt
   assert "instead of ssm's, not in the total" in alt
+  swapped = total - 20000 * 54 * (2 + 3 * 7 + 2 * 11) / 3.6e6 + 20000 * 54 * 13 / 3.6e6
+  assert f"(total with it instead: {swapped:,.0f} device-hours)" in alt
+  assert "total with it instead" not in "".join(ac.grid_hours(lines[6:] + scan))  # no total
 
 
 def test_unknown_ssm_scan_is_refused_naming_the_choices(capsys):
