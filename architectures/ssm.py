@@ -51,7 +51,12 @@ recurrence runs:
     example against 'associative' (attention: 169); 525 vs 2,138 (attention 124)
     since CER's one run on D− (2026-11-30); 460 vs 1,734 since the port gives h_f and
     Π_S h_f from one set of contributions (`pair_values`, the engine's
-    `span_pair_method`; same evening). On the H200 1.7x faster CER steps than
+    `span_pair_method`; same evening); 351 since the readout forms Δ_i x_i and its
+    gradient's ∂y_i = ∂out_i ⊙ gate_i per step from slices, the block's output gate
+    applied inside it (2026-11-30, late: XLA's count had charged each of the 2 x 31
+    unrolled steps the whole [b,l,c] operands of the products it sliced; the CPU
+    step time is unchanged: two checkouts on two pinned cores, then swapped, one
+    thread each, CER k = 2 step 811 / 803 ms before vs 829 / 805 ms after). On the H200 1.7x faster CER steps than
     'associative' ('auto' above). The restart flags get no
     gradient on this path (constant 0/1 masks); jvp is not defined for it.
   'associative': the parallel `jax.lax.associative_scan` over the materialised
@@ -164,10 +169,11 @@ class Gates:
   """The factors of a selective recurrence's gates and inputs, before expansion:
   A_j = keep_j · exp(−Δ_j ⊗ rate) and B_j x_j = (Δ_j x_j) ⊗ b_j, each [b,l,c,s]."""
   dt: jax.Array     # [b,l,c] Δ_j (softplus, > 0)
-  dtx: jax.Array    # [b,l,c] Δ_j x_j
+  dtx: jax.Array    # [b,l,c] Δ_j x_j, formed once (every read of it shares one product)
   b_in: jax.Array   # [b,l,s] B_j
   rate: jax.Array   # [c,s] exp(a_log) > 0
   keep: jax.Array | None = None  # [b,l] 0 where the recurrence restarts (passage starts)
+  x: jax.Array | None = None     # [b,l,c] x_j: the chunked readout forms Δ_j x_j per step
 
   def with_restarts(self, starts: jax.Array) -> "Gates":
     """A_j = 0 where starts [b,l] is true (the state before j is forgotten)."""
@@ -206,9 +212,14 @@ class Gates:
     _, y = jax.lax.scan(step, self._h0(), xs + (jnp.moveaxis(c_out, 1, 0),))
     return jnp.moveaxis(y, 0, 1)
 
-  def chunked_readout(self, c_out: jax.Array) -> jax.Array:
-    """`scan_readout` by the two-level chunked scan (`ssm_scan.chunked_readout`)."""
-    return ssm_scan.chunked_readout(self.dt, self.dtx, self.b_in, self.rate, self.keep, c_out)
+  def chunked_readout(self, c_out: jax.Array, gate: jax.Array | None = None) -> jax.Array:
+    """`scan_readout` by the two-level chunked scan (`ssm_scan.chunked_readout`), times
+    ``gate`` [b,l,c] when given. Needs the input x (`SelectiveGates` sets it)."""
+    if self.x is None:
+      raise ValueError("Gates.x is None: the chunked readout takes Δ and x apart "
+                       "(SelectiveGates sets x; pass x= to a hand-built Gates)")
+    return ssm_scan.chunked_readout(self.dt, self.x, self.b_in, self.rate, self.keep, c_out,
+                                    gate=gate)
 
   def scan_states_at(self, ends: jax.Array) -> jax.Array:
     """Σ_j ends[b,j,p] h_j [b,p,c,s]: the states at the marked positions (the scan
@@ -238,7 +249,7 @@ class SelectiveGates(nn.Module):
     b_in = layers.dense(self.state, ("mlp", "state"), "b", jnp.float32)(sel)  # [b,l,s]
     a_log = self.param("a_log", layers.logical(_a_log_init(self.state), ("mlp", "state")),
                        (self.inner, self.state))
-    return Gates(dt=dt, dtx=dt * x, b_in=b_in, rate=jnp.exp(a_log))
+    return Gates(dt=dt, dtx=dt * x, b_in=b_in, rate=jnp.exp(a_log), x=x)
 
 
 class CausalDepthwiseConv(nn.Module):
@@ -275,15 +286,16 @@ class MambaBlock(nn.Module):
     d_skip = self.param("d_skip", layers.logical(nn.initializers.ones, ("mlp",)),
                         (s.ssm_inner,))
     impl = resolve_scan_impl(s.scan_impl)
-    if impl == "fused":
-      y = gates.scan_readout(c_out)                                       # [b,l,c]
-    elif impl == "chunked":
-      y = gates.chunked_readout(c_out)                                    # [b,l,c]
+    gate = nn.silu(z)
+    if impl == "chunked":   # the output gate inside the readout (its gradient per step)
+      out = gates.chunked_readout(c_out, gate) + (d_skip * u) * gate
     else:
-      h = run_scan(*gates.expand(), s.scan_impl)                          # [b,l,c,s]
-      y = jnp.einsum("blcs,bls->blc", h, c_out)
-    out = y + d_skip * u
-    out = out * nn.silu(z)
+      if impl == "fused":
+        y = gates.scan_readout(c_out)                                     # [b,l,c]
+      else:
+        h = run_scan(*gates.expand(), s.scan_impl)                        # [b,l,c,s]
+        y = jnp.einsum("blcs,bls->blc", h, c_out)
+      out = (y + d_skip * u) * gate
     out = layers.dense(s.embed_dim, ("mlp", "embed"), "out_proj", s.compute_dtype)(out)
     return x + out
 

@@ -44,7 +44,9 @@ is not defined.
 
 Bytes (XLA's CPU cost analysis, scale_bench p400k n = 256, CER step of the ssm):
 2,832 MB per example with the associative scan, 571 MB with these (attention:
-169); since CER's one run on D− 2,138 and 525 (attention 124; 2026-11-30). Several choices below are for that compiler, each noted where made.
+169); since CER's one run on D− 2,138 and 525 (attention 124; 2026-11-30); 351 since
+`chunked_readout` takes Δ and x apart and the block's output gate (2026-11-30, late).
+Several choices below are for that compiler, each noted where made.
 """
 from __future__ import annotations
 
@@ -170,15 +172,20 @@ def _carry_chunks(dtc: jax.Array, keepc: jax.Array | None, rate: jax.Array,
   return jnp.stack(out, axis=1)
 
 
-def _readout_fwd(dt, dtx, b_in, rate, keep, c_out, q):
-  """(y [b,l,c], residuals): chunk-end states, the carry, then the carried states
-  u_j = A_j ⊙ h_{j−1} position by position (the residuals), each read out in its step."""
-  dtc, dtxc, bc = _chunks(dt, q), _chunks(dtx, q), _chunks(b_in, q)
+def _readout_fwd(dt, x, b_in, rate, keep, c_out, gate, q):
+  """(y ⊙ gate [b,l,c], residuals): chunk-end states, the carry, then the carried
+  states u_j = A_j ⊙ h_{j−1} position by position (the residuals), each read out in
+  its step. Δx is formed after slicing (Δ_i ⊙ x_i per step), and the backward pass
+  forms ∂y = ∂(y ⊙ gate) ⊙ gate per step too: a step that slices a product of whole
+  [b,l,c] operands is charged both operands whole by XLA's CPU cost analysis (it
+  computes only the slice either way)."""
+  dtc, bc = _chunks(dt, q), _chunks(b_in, q)
   keepc = None if keep is None else _chunks(keep, q)
-  x = dtxc[..., None] * bc[:, :, :, None, :]                            # [b,k,q,c,s] fused
-  h_end = jnp.sum(_within(dtc, keepc, rate, "suffix") * x, axis=2)      # 1. [b,k,c,s]
+  bx = (dtc * _chunks(x, q))[..., None] * bc[:, :, :, None, :]          # [b,k,q,c,s] fused
+  h_end = jnp.sum(_within(dtc, keepc, rate, "suffix") * bx, axis=2)     # 1. [b,k,c,s]
   s_in = _carry_chunks(dtc, keepc, rate, h_end)                         # 2. entering [b,k,c,s]
-  dts, dtxs, bs, cs, ks = (_steps(t, q) for t in (dt, dtx, b_in, c_out, keep))
+  dts, xs, bs, cs, ks = (_steps(t, q) for t in (dt, x, b_in, c_out, keep))
+  dtxs = [d * v for d, v in zip(dts, xs)]
   h, us, ys = s_in, [], []
   for i in range(q):                      # 3. u_i = A_i ⊙ h_{i−1}; h_i = u_i + B_i x_i
     us.append(_gate(dts[i], ks[i], rate) * h)
@@ -186,7 +193,9 @@ def _readout_fwd(dt, dtx, b_in, rate, keep, c_out, q):
     ys.append(jnp.einsum("bkcs,bks->bkc", us[i], cs[i])                 # C_i · h_i [b,k,c]
               + dtxs[i] * jnp.sum(bs[i] * cs[i], axis=-1, keepdims=True))
   y = _unchunk(jnp.stack(ys, 2), dt.shape[1])
-  return y, (dt, dtx, b_in, rate, keep, c_out, tuple(us))
+  if gate is None:
+    return y, (dt, x, b_in, rate, keep, c_out, gate, None, tuple(us))
+  return y * gate, (dt, x, b_in, rate, keep, c_out, gate, y, tuple(us))
 
 
 def _readout_bwd(q, res, dy):
@@ -206,14 +215,17 @@ def _readout_bwd(q, res, dy):
   the per-position factors are einsums (a reduction of a product with a broadcast
   slice stores the broadcast).
   """
-  dt, dtx, b_in, rate, keep, c_out, us = res
+  dt, x, b_in, rate, keep, c_out, gate, y, us = res
   length = dt.shape[1]
-  dtc, cc, dyc = _chunks(dt, q), _chunks(c_out, q), _chunks(dy, q)
+  dtc, cc = _chunks(dt, q), _chunks(c_out, q)
+  dyc = _chunks(dy if gate is None else dy * gate, q)                   # ∂y, chunked
   keepc = None if keep is None else _chunks(keep, q)
   e = dyc[..., None] * cc[:, :, :, None, :]                             # [b,k,q,c,s] fused
   r = jnp.sum(_within(dtc, keepc, rate, "prefix") * e, axis=2)          # 1. [b,k,c,s]
   t_in = _carry_chunks(dtc, keepc, rate, r, reverse=True)               # 2. from the right
-  dts, dtxs, bs, cs, ks, dys = (_steps(t, q) for t in (dt, dtx, b_in, c_out, keep, dy))
+  dts, xs, bs, cs, ks, dys, gs = (_steps(t, q) for t in (dt, x, b_in, c_out, keep, dy, gate))
+  dtxs = [d * v for d, v in zip(dts, xs)]
+  dys = dys if gate is None else [d * v for d, v in zip(dys, gs)]       # ∂y per step
   g, d_rate, neg_rate = t_in, jnp.zeros_like(rate), -rate
   out = {name: [None] * q for name in ("dt", "dtx", "b", "c")}
   for i in range(q - 1, -1, -1):          # 3. g_i from the right, and the reductions
@@ -229,28 +241,34 @@ def _readout_bwd(q, res, dy):
     g = (a if ks[i] is None else a * ks[i][..., None, None]) * g
   grad = {k: _unchunk(jnp.stack(v, 2), length) for k, v in out.items()}
   d_keep = None if keep is None else jnp.zeros_like(keep)
-  return grad["dt"], grad["dtx"], grad["b"], d_rate, d_keep, grad["c"]
+  d_dtx = grad["dtx"]                                  # through Δx = Δ ⊙ x
+  d_gate = None if gate is None else dy * y
+  return (grad["dt"] + d_dtx * x, d_dtx * dt, grad["b"], d_rate, d_keep, grad["c"],
+          d_gate)
 
 
-_readout = jax.custom_vjp(lambda dt, dtx, b_in, rate, keep, c_out, q:
-                          _readout_fwd(dt, dtx, b_in, rate, keep, c_out, q)[0],
-                          nondiff_argnums=(6,))
+_readout = jax.custom_vjp(lambda dt, x, b_in, rate, keep, c_out, gate, q:
+                          _readout_fwd(dt, x, b_in, rate, keep, c_out, gate, q)[0],
+                          nondiff_argnums=(7,))
 _readout.defvjp(_readout_fwd, _readout_bwd)
 
 
-def chunked_readout(dt: jax.Array, dtx: jax.Array, b_in: jax.Array, rate: jax.Array,
+def chunked_readout(dt: jax.Array, x: jax.Array, b_in: jax.Array, rate: jax.Array,
                     keep: jax.Array | None, c_out: jax.Array,
-                    chunk: int | None = None) -> jax.Array:
+                    chunk: int | None = None, gate: jax.Array | None = None) -> jax.Array:
   """y_j = Σ_s c_out_j[s] h_j[:, s] [b,l,c] of h_j = A_j ⊙ h_{j−1} + B_j x_j with
-  A_j = keep_j · exp(−dt_j ⊗ rate), B_j x_j = dtx_j ⊗ b_in_j (the `ssm.Gates` factors:
-  dt, dtx [b,l,c], b_in, c_out [b,l,s], rate [c,s], keep [b,l] or None).
+  A_j = keep_j · exp(−dt_j ⊗ rate), B_j x_j = (dt_j x_j) ⊗ b_in_j (the `ssm.Gates`
+  factors: dt, x [b,l,c] — Δ and the input, not their product —, b_in, c_out
+  [b,l,s], rate [c,s], keep [b,l] or None); times ``gate`` [b,l,c] when given
+  (the block's output gate, applied here so that the gradient's ∂y = ∂out ⊙ gate
+  is formed per step, from slices).
 
   Only [b,k,c,s] states (one position of every chunk at a time), the entering
   states and [b,l,c] / [b,l,s] factors are formed, forward and backward: the
   gradient is written out (`_readout_bwd`, a `jax.custom_vjp`; forward-mode
   differentiation is not defined) so that no per-position state is kept for it.
   """
-  return _readout(dt, dtx, b_in, rate, keep, c_out, chunk or chunk_len(dt.shape[1]))
+  return _readout(dt, x, b_in, rate, keep, c_out, gate, chunk or chunk_len(dt.shape[1]))
 
 
 def segment_suffix(dt: jax.Array, keep: jax.Array | None, is_end: jax.Array,

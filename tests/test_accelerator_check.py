@@ -219,8 +219,8 @@ def test_warm_up_runs_every_timed_program_once_with_one_step():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--warm", "-1"], "--warm -1 must be >= 0"),
-    (["--warm", "2", "--warm_limit", "0"], "--warm_limit 0.0 > 0"),
+    (["--warm", "-1"], "--warm '-1' must be 'auto' or a count >= 0"),
+    (["--warm", "2", "--warm_limit", "0"], "--warm_limit 0.0 must be > 0"),
     (["--warm", "2", "--cache_dir", "none"], "it needs one"),
 ])
 def test_bad_warm_flags_are_refused(capsys, monkeypatch, flags, message):
@@ -228,3 +228,12 @@ def test_bad_warm_flags_are_refused(capsys, monkeypatch, flags, message):
   with pytest.raises(SystemExit):
     ac.main(["--sections", "train", *flags])
   assert message in capsys.readouterr().err
+
+
+def test_warm_auto_is_half_the_cores_for_the_full_check_only(monkeypatch):
+  monkeypatch.setattr(os, "cpu_count", lambda: 16)
+  assert ac.warm_count("auto", False, "/cache") == 8
+  assert ac.warm_count("auto", True, "/cache") == 0 and ac.warm_count("auto", False, "") == 0
+  assert ac.warm_count("3", True, "/cache") == 3
+  monkeypatch.setattr(os, "cpu_count", lambda: 1)
+  assert ac.warm_count("auto", False, "/cache") == 1

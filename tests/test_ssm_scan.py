@@ -18,14 +18,14 @@ pytestmark = pytest.mark.usefixtures("fast_compiled_module")  # compile-bound
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 FACTORS = ("dt", "dtx", "b_in", "rate")
+CHUNKED_FACTORS = ("dt", "x", "b_in", "rate")   # the chunked readout takes Δ and x apart
 
 
 def _gates(seed: int, b: int, l: int, c: int, s: int, restarts: bool) -> ssm.Gates:
   k = jax.random.split(jax.random.PRNGKey(seed), 5)
-  g = ssm.Gates(dt=jax.nn.softplus(jax.random.normal(k[0], (b, l, c))),
-                dtx=jax.random.normal(k[1], (b, l, c)),
-                b_in=jax.random.normal(k[2], (b, l, s)),
-                rate=jnp.exp(jax.random.normal(k[3], (c, s))))
+  dt, x = jax.nn.softplus(jax.random.normal(k[0], (b, l, c))), jax.random.normal(k[1], (b, l, c))
+  g = ssm.Gates(dt=dt, dtx=dt * x, b_in=jax.random.normal(k[2], (b, l, s)),
+                rate=jnp.exp(jax.random.normal(k[3], (c, s))), x=x)
   return g.with_restarts(jax.random.bernoulli(k[4], 0.15, (b, l))) if restarts else g
 
 
@@ -80,25 +80,33 @@ def _reference_readout(g: ssm.Gates, c_out: jax.Array) -> jax.Array:
   return jnp.einsum("blcs,bls->blc", ssm.sequential_scan(*g.expand()), c_out)
 
 
-@pytest.mark.parametrize("l,chunk", [(40, None), (40, 6), (36, 6), (9, 1), (9, 16)])
+@pytest.mark.parametrize("l,chunk,gated", [(40, None, True), (40, 6, False), (36, 6, True),
+                                            (9, 1, False), (9, 16, True)])
 @pytest.mark.parametrize("restarts", [False, True])
-def test_chunked_readout_equals_sequential_values_and_grads(l, chunk, restarts):
-  """Values and gradients w.r.t. every factor and the readout, 1e-5 (the restart
-  flags are constants: no gradient is compared for them)."""
+def test_chunked_readout_equals_sequential_values_and_grads(l, chunk, gated, restarts):
+  """Values and gradients w.r.t. every factor, the readout and the output gate
+  (``gated``: y ⊙ gate), 1e-5 (the restart flags are constants: no gradient is
+  compared for them)."""
   g = _gates(l, 2, l, 3, 4, restarts)
   c_out = jax.random.normal(jax.random.PRNGKey(7), (2, l, 4))
   w = jax.random.normal(jax.random.PRNGKey(9), (2, l, 3))
+  gate = jax.random.normal(jax.random.PRNGKey(11), (2, l, 3)) if gated else jnp.ones((2, l, 3))
 
-  def fast(g, c_out):
-    return jnp.sum(w * ssm_scan.chunked_readout(g.dt, g.dtx, g.b_in, g.rate, g.keep, c_out,
-                                                chunk))
+  def fast(g, c_out, gate):
+    return jnp.sum(w * ssm_scan.chunked_readout(g.dt, g.x, g.b_in, g.rate, g.keep, c_out,
+                                                chunk, gate=gate if gated else None))
 
-  ref = lambda g, c_out: jnp.sum(w * _reference_readout(g, c_out))
-  np.testing.assert_allclose(jax.jit(fast)(g, c_out), jax.jit(ref)(g, c_out), **TOL)
-  (got_g, got_c), (want_g, want_c) = (jax.jit(jax.grad(fast, (0, 1)))(g, c_out),
-                                      jax.jit(jax.grad(ref, (0, 1)))(g, c_out))
+  ref = lambda g, c_out, gate: jnp.sum(           # Δx from Δ and x: gradients reach both
+      w * _reference_readout(g.replace(dtx=g.dt * g.x), c_out) * gate)
+  np.testing.assert_allclose(jax.jit(fast)(g, c_out, gate), jax.jit(ref)(g, c_out, gate),
+                             **TOL)
+  (got_g, got_c, got_gate), (want_g, want_c, want_gate) = (
+      jax.jit(jax.grad(fast, (0, 1, 2)))(g, c_out, gate),
+      jax.jit(jax.grad(ref, (0, 1, 2)))(g, c_out, gate))
   np.testing.assert_allclose(got_c, want_c, **TOL, err_msg="c_out")
-  for name in FACTORS:
+  if gated:
+    np.testing.assert_allclose(got_gate, want_gate, **TOL, err_msg="gate")
+  for name in CHUNKED_FACTORS:
     np.testing.assert_allclose(getattr(got_g, name), getattr(want_g, name), **TOL,
                                err_msg=name)
 
@@ -106,11 +114,12 @@ def test_chunked_readout_equals_sequential_values_and_grads(l, chunk, restarts):
 def test_chunked_readout_long_decay_underflows_to_zero():
   """Gate products that underflow float32 give 0, never inf or nan (no division)."""
   g = _gates(3, 1, 300, 2, 3, False)
-  g = g.replace(dt=g.dt + 5.0, rate=g.rate + 20.0)                  # Π A ≈ e^{-100} per step
+  dt = g.dt + 5.0
+  g = g.replace(dt=dt, dtx=dt * g.x, rate=g.rate + 20.0)             # Π A ≈ e^{-100} per step
   c_out = jnp.ones((1, 300, 3))
-  y = ssm_scan.chunked_readout(g.dt, g.dtx, g.b_in, g.rate, None, c_out)
+  y = ssm_scan.chunked_readout(g.dt, g.x, g.b_in, g.rate, None, c_out)
   grads = jax.grad(lambda dt: jnp.sum(ssm_scan.chunked_readout(
-      dt, g.dtx, g.b_in, g.rate, None, c_out)))(g.dt)
+      dt, g.x, g.b_in, g.rate, None, c_out)))(g.dt)
   assert bool(jnp.isfinite(y).all()) and bool(jnp.isfinite(grads).all())
   np.testing.assert_allclose(y, jax.jit(_reference_readout)(g, c_out), **TOL)
 
@@ -119,7 +128,7 @@ def test_chunked_readout_under_vmap():
   """The engine vmaps the model over probes: the custom gradient batches."""
   g = _gates(4, 2, 20, 3, 4, True)
   c_out = jax.random.normal(jax.random.PRNGKey(1), (3, 2, 20, 4))       # 3 probes
-  f = lambda c: jnp.sum(jnp.sin(ssm_scan.chunked_readout(g.dt, g.dtx, g.b_in, g.rate,
+  f = lambda c: jnp.sum(jnp.sin(ssm_scan.chunked_readout(g.dt, g.x, g.b_in, g.rate,
                                                          g.keep, c)))
   ref = lambda c: jnp.sum(jnp.sin(_reference_readout(g, c)))
   np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(f)))(c_out),
@@ -206,3 +215,9 @@ def test_chunked_programs_hold_no_loop():
   f = lambda g: jnp.sum(g.chunked_readout(c_out))
   text = str(jax.make_jaxpr(jax.grad(f))(g))
   assert " scan[" not in text and " while[" not in text
+
+
+def test_chunked_readout_needs_the_input_apart_from_its_product():
+  g = _gates(6, 1, 10, 2, 3, False).replace(x=None)
+  with pytest.raises(ValueError, match="Gates.x is None"):
+    g.chunked_readout(jnp.ones((1, 10, 3)))
