@@ -56,9 +56,9 @@ recurrence runs:
     applied inside it (2026-11-30, late: XLA's count had charged each of the 2 x 31
     unrolled steps the whole [b,l,c] operands of the products it sliced; the CPU
     step time is unchanged: two checkouts on two pinned cores, then swapped, one
-    thread each, CER k = 2 step 811 / 803 ms before vs 829 / 805 ms after). On the H200 1.7x faster CER steps than
-    'associative' ('auto' above). The restart flags get no
-    gradient on this path (constant 0/1 masks); jvp is not defined for it.
+    thread each, CER k = 2 step 811 / 803 ms before vs 829 / 805 ms after). On the
+    H200 1.7x faster CER steps than 'associative' ('auto' above). The restart flags
+    get no gradient on this path (constant 0/1 masks); jvp is not defined for it.
   'associative': the parallel `jax.lax.associative_scan` over the materialised
     gates everywhere.
   'sequential': `lax.scan` over the materialised gates, the reference.
