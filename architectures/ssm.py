@@ -56,7 +56,9 @@ recurrence runs:
     applied inside it (2026-11-30, late: XLA's count had charged each of the 2 x 31
     unrolled steps the whole [b,l,c] operands of the products it sliced; the CPU
     step time is unchanged: two checkouts on two pinned cores, then swapped, one
-    thread each, CER k = 2 step 811 / 803 ms before vs 829 / 805 ms after). On the
+    thread each, CER k = 2 step 811 / 803 ms before vs 829 / 805 ms after); the
+    masked sums' gradient by `_masked_sum` then took that step to 457 / 463 ms (CPU
+    CER-step time ssm / attention 4.41 → 2.96, scale_bench). On the
     H200 1.7x faster CER steps than 'associative' ('auto' above). The restart flags
     get no gradient on this path (constant 0/1 masks); jvp is not defined for it.
   'associative': the parallel `jax.lax.associative_scan` over the materialised
@@ -350,6 +352,11 @@ class SlotContributions:
   """
   terms: jax.Array                 # [b,n,c,s] or [b,n,p,c,s] (gates' dtype): u_j (per slot)
   token_slot: jax.Array | None     # [b,p,n] bool: token n feeds slot p
+  # The masked sums' gradient by `_masked_sum` (the small slot sum per element) rather
+  # than autodiff's dot; off for the scans whose unmasked read keeps the states
+  # ('fused', 'linear': the CPU's, whose recorded main-job numbers it would move by
+  # float rounding).
+  slot_sum_grad: bool = flax.struct.field(pytree_node=False, default=False)
 
   def states(self, span_mask: jax.Array | None = None) -> jax.Array:
     """Π_S state_p [b,p,c,s] = Σ_{n in S} u_n (every token without a mask)."""
@@ -361,7 +368,32 @@ class SlotContributions:
     w = self.token_slot.astype(dtype)
     if span_mask is not None:
       w = w * span_mask.astype(dtype)[:, None, :]
+    if self.slot_sum_grad:
+      return _masked_sum(w, self.terms)
     return jnp.einsum("bpn,bncs->bpcs", w, self.terms)
+
+
+@jax.custom_vjp
+def _masked_sum(w: jax.Array, terms: jax.Array) -> jax.Array:
+  """Σ_n w[b,p,n] terms[b,n,c,s] -> [b,p,c,s]; its gradient w.r.t. the terms as the
+  small sum over the slots, Σ_p w[b,p,n] ∂[b,p,c,s], element by element: as the dot
+  autodiff writes, XLA (CPU) lays the [b,n,c,s] cotangent out [b,c·s,n] and transposes
+  it inside every consumer (the contributions' backward: 3.1x the time of this form,
+  one thread, b = 8, n = 256, c = 148, s = 16, p = 8)."""
+  return jnp.einsum("bpn,bncs->bpcs", w, terms)
+
+
+def _masked_sum_fwd(w, terms):
+  return _masked_sum(w, terms), (w, terms)
+
+
+def _masked_sum_bwd(res, g):
+  w, terms = res
+  d_terms = jnp.sum(w[:, :, :, None, None] * g[:, :, None], axis=1)       # [b,n,c,s]
+  return jnp.einsum("bpcs,bncs->bpn", g, terms), d_terms
+
+
+_masked_sum.defvjp(_masked_sum_fwd, _masked_sum_bwd)
 
 
 def slot_contributions(a: jax.Array, bx: jax.Array, passage_ids: jax.Array,
@@ -402,7 +434,8 @@ def gate_slot_contributions(gates: Gates, passage_ids: jax.Array,
 
 
 # The scans whose unmasked read keeps the recurrence's own states at passage ends (not the
-# per-token contributions): `slot_states` and `pair_values` branch on it alike.
+# per-token contributions): `slot_states`, `pair_values` and `contributions` (the masked
+# sums' gradient) branch on it alike.
 SCAN_STATE_READS = ("fused", "linear")
 
 
@@ -441,11 +474,13 @@ class SSMRetrieval(ReadPort):
     s = self.spec
     impl = resolve_scan_impl(s.scan_impl)
     if s.ssm_reset_at_passages and impl in ("chunked", "linear"):
-      return gate_slot_contributions(self.read_gates(memory), memory.passage_ids,
-                                     s.num_passages, loop=impl == "linear")
-    a, bx = self.gates_and_inputs(memory)
-    return slot_contributions(a, bx, memory.passage_ids, s.num_passages,
-                              s.ssm_reset_at_passages, s.scan_impl)
+      con = gate_slot_contributions(self.read_gates(memory), memory.passage_ids,
+                                    s.num_passages, loop=impl == "linear")
+    else:
+      a, bx = self.gates_and_inputs(memory)
+      con = slot_contributions(a, bx, memory.passage_ids, s.num_passages,
+                               s.ssm_reset_at_passages, s.scan_impl)
+    return con.replace(slot_sum_grad=impl not in SCAN_STATE_READS)
 
   def slot_states(self, memory: ContextMemory, span_mask: jax.Array | None = None) -> jax.Array:
     """States at passage ends [b, p, c, s]; with span_mask, Π_S of them (exact).
