@@ -57,8 +57,8 @@ recurrence runs:
     unrolled steps the whole [b,l,c] operands of the products it sliced; the CPU
     step time is unchanged: two checkouts on two pinned cores, then swapped, one
     thread each, CER k = 2 step 811 / 803 ms before vs 829 / 805 ms after); the
-    masked sums' gradient by `_masked_sum` then took that step to 457 / 463 ms (CPU
-    CER-step time ssm / attention 4.41 → 2.96, scale_bench). On the
+    masked sums' gradient by `ssm_scan.masked_sum` then took that step to 457 / 463
+    ms (CPU CER-step time ssm / attention 4.41 → 2.96, scale_bench). On the
     H200 1.7x faster CER steps than 'associative' ('auto' above). The restart flags
     get no gradient on this path (constant 0/1 masks); jvp is not defined for it.
   'associative': the parallel `jax.lax.associative_scan` over the materialised
@@ -352,7 +352,7 @@ class SlotContributions:
   """
   terms: jax.Array                 # [b,n,c,s] or [b,n,p,c,s] (gates' dtype): u_j (per slot)
   token_slot: jax.Array | None     # [b,p,n] bool: token n feeds slot p
-  # The masked sums' gradient by `_masked_sum` (the small slot sum per element) rather
+  # The masked sums' gradient by `ssm_scan.masked_sum` (the slot sum per element) rather
   # than autodiff's dot; off for the scans whose unmasked read keeps the states
   # ('fused', 'linear': the CPU's, whose recorded main-job numbers it would move by
   # float rounding).
@@ -369,31 +369,8 @@ class SlotContributions:
     if span_mask is not None:
       w = w * span_mask.astype(dtype)[:, None, :]
     if self.slot_sum_grad:
-      return _masked_sum(w, self.terms)
+      return ssm_scan.masked_sum(w, self.terms)
     return jnp.einsum("bpn,bncs->bpcs", w, self.terms)
-
-
-@jax.custom_vjp
-def _masked_sum(w: jax.Array, terms: jax.Array) -> jax.Array:
-  """Σ_n w[b,p,n] terms[b,n,c,s] -> [b,p,c,s]; its gradient w.r.t. the terms as the
-  small sum over the slots, Σ_p w[b,p,n] ∂[b,p,c,s], element by element: as the dot
-  autodiff writes, XLA (CPU) lays the [b,n,c,s] cotangent out [b,c·s,n] and transposes
-  it inside every consumer (the contributions' backward: 3.1x the time of this form,
-  one thread, b = 8, n = 256, c = 148, s = 16, p = 8)."""
-  return jnp.einsum("bpn,bncs->bpcs", w, terms)
-
-
-def _masked_sum_fwd(w, terms):
-  return _masked_sum(w, terms), (w, terms)
-
-
-def _masked_sum_bwd(res, g):
-  w, terms = res
-  d_terms = jnp.sum(w[:, :, :, None, None] * g[:, :, None], axis=1)       # [b,n,c,s]
-  return jnp.einsum("bpcs,bncs->bpn", g, terms), d_terms
-
-
-_masked_sum.defvjp(_masked_sum_fwd, _masked_sum_bwd)
 
 
 def slot_contributions(a: jax.Array, bx: jax.Array, passage_ids: jax.Array,

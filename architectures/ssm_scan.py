@@ -329,6 +329,29 @@ def segment_contributions(dt: jax.Array, dtx: jax.Array, b_in: jax.Array, rate: 
   return _terms(dtx, b_in, rate, d, jax.lax.stop_gradient(kappa))
 
 
+@jax.custom_vjp
+def masked_sum(w: jax.Array, terms: jax.Array) -> jax.Array:
+  """Σ_n w[b,p,n] terms[b,n,c,s] -> [b,p,c,s]; its gradient w.r.t. the terms as the
+  small sum over the slots, Σ_p w[b,p,n] ∂[b,p,c,s], element by element: as the dot
+  autodiff writes, XLA (CPU) lays the [b,n,c,s] cotangent out [b,c·s,n] and transposes
+  it inside every consumer (the contributions' backward: 3.1x the time of this form,
+  one thread, b = 8, n = 256, c = 148, s = 16, p = 8)."""
+  return jnp.einsum("bpn,bncs->bpcs", w, terms)
+
+
+def _masked_sum_fwd(w, terms):
+  return masked_sum(w, terms), (w, terms)
+
+
+def _masked_sum_bwd(res, g):
+  w, terms = res
+  d_terms = jnp.sum(w[:, :, :, None, None] * g[:, :, None], axis=1)       # [b,n,c,s]
+  return jnp.einsum("bpcs,bncs->bpn", g, terms), d_terms
+
+
+masked_sum.defvjp(_masked_sum_fwd, _masked_sum_bwd)
+
+
 # ------------------------------------------------------------------ materialised, sequential
 def _states(a: jax.Array, b: jax.Array) -> jax.Array:
   """All h_j of h_j = a_j ⊙ h_{j−1} + b_j along axis 0 (h_{−1} = 0): [l,…]."""

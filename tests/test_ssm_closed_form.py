@@ -19,6 +19,7 @@ import pytest
 
 import architectures
 from architectures import ssm
+from architectures import ssm_scan
 from architectures.port import ContextMemory
 from architectures.spec import SCAN_IMPLS, make_spec
 from ceu_jax import engine
@@ -408,15 +409,15 @@ def test_one_call_for_h_and_its_span_part_equals_two_reads(monkeypatch, impl):
 
 
 def test_masked_sum_gradient_by_slot_sums_equals_autodiffs_dot():
-  """`_masked_sum`'s written-out gradient (the slot sum per element) against autodiff of
-  the einsum: values, ∂terms and ∂w at 1e-5, also with the weights batched over probes
-  (vmap) and the terms shared, as the engine runs it."""
+  """`ssm_scan.masked_sum`'s written-out gradient (the slot sum per element) against
+  autodiff of the einsum: values, ∂terms and ∂w at 1e-5, with the weights batched over
+  probes (vmap) and the terms shared, as the engine runs it."""
   kw, kt, kg = jax.random.split(jax.random.PRNGKey(4), 3)
   w = jax.random.normal(kw, (3, 2, 4, 10))                    # 3 probes x [b,p,n]
   terms = jax.random.normal(kt, (2, 10, 5, 6))                # [b,n,c,s]
   g = jax.random.normal(kg, (3, 2, 4, 5, 6))
   ref = lambda w, t: jnp.sum(g * jax.vmap(lambda wi: jnp.einsum("bpn,bncs->bpcs", wi, t))(w))
-  fast = lambda w, t: jnp.sum(g * jax.vmap(lambda wi: ssm._masked_sum(wi, t))(w))
+  fast = lambda w, t: jnp.sum(g * jax.vmap(lambda wi: ssm_scan.masked_sum(wi, t))(w))
   np.testing.assert_allclose(jax.jit(fast)(w, terms), jax.jit(ref)(w, terms),
                              rtol=1e-5, atol=1e-5)
   for got, want, name in zip(jax.jit(jax.grad(fast, (0, 1)))(w, terms),
