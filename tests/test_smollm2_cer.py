@@ -399,3 +399,28 @@ def test_state_digest_by_leaf_equals_the_whole_tree_digest():
   np.testing.assert_array_equal(ckpt._tree_digest_by_leaf(tree), want)
   assert len(jax.tree.leaves(tree)) > 2 * ckpt.DIGEST_CHUNK
   assert ckpt.state_digest(tree) == f'{int(want[0]):08x}{int(want[1]):08x}-143'
+  # both ways to it: numpy on the host (every leaf on this host's CPU: what ran above) and
+  # the compiled chunks (accelerators, shards in other processes)
+  leaves = jax.tree.leaves(tree)
+  np.testing.assert_array_equal(ckpt._host_digest(leaves), want)
+  np.testing.assert_array_equal(ckpt._chunked_digest(leaves), want)
+
+
+@pytest.mark.parametrize('dtype', ['float64', 'float16', 'bfloat16', 'int8', 'int64', 'bool',
+                                   'uint8'])
+def test_host_digest_equals_the_compiled_one_for_every_dtype(dtype):
+  """The numpy digest reads the same bits as the compiled one: float64's two words in
+  bitcast's order, 16-bit floats widened, negative and 64-bit integers wrapped."""
+  from ceu_jax.train import checkpoint as ckpt
+  rng = np.random.default_rng(1)
+  with jax.enable_x64(True):
+    x = rng.standard_normal((3, 7)) * (1e3 if dtype == 'float16' else 1e5)
+    if 'int' in dtype or dtype == 'bool':
+      x = rng.integers(-2**40, 2**40, (3, 7))
+    if dtype == 'bool':
+      x = x > 0
+    leaves = [jnp.asarray(x.astype(np.dtype(dtype) if dtype != 'bfloat16' else jnp.bfloat16)),
+              jnp.asarray(np.float32(-0.0)), jnp.arange(5)]
+    want = np.asarray(ckpt._tree_digest(leaves))
+    np.testing.assert_array_equal(ckpt._host_digest(leaves), want)
+    np.testing.assert_array_equal(ckpt._tree_digest_by_leaf(leaves), want)
