@@ -140,8 +140,9 @@ def audited(tmp_path_factory):
                         log=lambda s: None)
   script = root / "audit8.py"
   script.write_text(SCRIPT)
-  proc = subprocess.run([sys.executable, str(script), str(root)], cwd=REPO, env=env_for(8),
-                        capture_output=True, text=True, timeout=900)
+  proc = subprocess.run([sys.executable, str(script), str(root)], cwd=REPO,
+                        env=env_for(8, fast_compile=True), capture_output=True, text=True,
+                        timeout=900)
   assert proc.returncode == 0, describe(proc)
   result = json.loads(proc.stdout.split("RESULT ", 1)[1])
   return root, result
