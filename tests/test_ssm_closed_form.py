@@ -377,8 +377,11 @@ def test_one_call_for_h_and_its_span_part_equals_two_reads(monkeypatch, impl):
     def l_int(v):
       return engine.audit(fresh, v, clean=clean, corrupt=corrupt, site=site,
                           probes=engine.Probes(span=spans), chunk_size=3).L_int
-    return jax.value_and_grad(lambda v: jnp.sum(l_int(v) * jnp.arange(1.0, 4.0)[:, None]))(
-        variables), l_int(variables)
+    def weighted(v):   # L_int as the aux output: the values come from the same programs
+      values = l_int(v)
+      return jnp.sum(values * jnp.arange(1.0, 4.0)[:, None]), values
+    (total, values), grads = jax.value_and_grad(weighted, has_aux=True)(variables)
+    return (total, grads), values
 
   entered = collections.Counter()
   for method in ("contributions", "read_and_span"):
