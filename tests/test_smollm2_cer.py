@@ -424,3 +424,15 @@ def test_host_digest_equals_the_compiled_one_for_every_dtype(dtype):
     want = np.asarray(ckpt._tree_digest(leaves))
     np.testing.assert_array_equal(ckpt._host_digest(leaves), want)
     np.testing.assert_array_equal(ckpt._tree_digest_by_leaf(leaves), want)
+
+
+def test_host_digest_gives_numpy_and_python_values_the_dtype_jit_gives_them():
+  """Without x64, jit reads a numpy float64 / int64 array and a Python float / int as
+  32-bit values: the host digest reads the same bits."""
+  from ceu_jax.train import checkpoint as ckpt
+  rng = np.random.default_rng(2)
+  leaves = [rng.standard_normal((4, 3)), rng.integers(-2**20, 2**20, (5,)), 1.5, 7, True,
+            np.float32(2.5)]
+  want = np.asarray(ckpt._tree_digest(leaves))
+  np.testing.assert_array_equal(ckpt._host_digest(leaves), want)
+  np.testing.assert_array_equal(ckpt._tree_digest_by_leaf(leaves), want)
