@@ -231,18 +231,44 @@ COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
                   "/jax/core/compile/backend_compile_duration": "compile"}
 _compile_seconds: dict = collections.defaultdict(lambda: collections.defaultdict(float))
+_by_function: dict = collections.defaultdict(lambda: collections.defaultdict(float))
 _current_module = ["(collection)"]
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+def function_name(name: str) -> str:
+  """The jitted function's name as the three events give it ('f', 'jit(f)', 'jit_f')."""
+  if name.startswith("jit(") and name.endswith(")"):
+    return name[4:-1]
+  return name[4:] if name.startswith("jit_") else name
+
+
+def record_compile_event(event: str, duration: float, fun_name: str = "?", **kwargs) -> None:
+  """--compile-seconds: add one tracing / lowering / compiling event to the current module
+  and to its function. A compile event is one program requested from XLA (a persistent
+  cache hit included: those are counted apart, `cache_hits`)."""
+  del kwargs
+  kind = COMPILE_EVENTS.get(event)
+  if kind is None:
+    return
+  _compile_seconds[_current_module[0]][kind] += duration
+  fn = _by_function[function_name(str(fun_name))]
+  fn[kind] += duration
+  if kind == "compile":     # many small ones: op-by-op (eager) code
+    _compile_seconds[_current_module[0]]["programs"] += 1
+    fn["programs"] += 1
+
+
+def record_cache_hit(event: str, **kwargs) -> None:
+  del kwargs
+  if event == CACHE_HIT_EVENT:
+    _compile_seconds[_current_module[0]]["cache_hits"] += 1
 
 
 def pytest_configure(config):
   if config.getoption("--compile-seconds", default=None):
-    def listen(event: str, duration: float, **kwargs) -> None:
-      del kwargs
-      if event in COMPILE_EVENTS:
-        _compile_seconds[_current_module[0]][COMPILE_EVENTS[event]] += duration
-        if COMPILE_EVENTS[event] == "compile":     # many small ones: op-by-op (eager) code
-          _compile_seconds[_current_module[0]]["programs"] += 1
-    jax.monitoring.register_event_duration_secs_listener(listen)
+    jax.monitoring.register_event_duration_secs_listener(record_compile_event)
+    jax.monitoring.register_event_listener(record_cache_hit)
 
 
 def _cpu_now() -> tuple[float, float, float]:
@@ -303,12 +329,18 @@ def pytest_sessionfinish(session, exitstatus):
     with open(f"{cpu_path}.{worker}.json", "w") as f:
       json.dump(_cpu_seconds, f, indent=0)
   path = session.config.getoption("--compile-seconds")
-  if path and _compile_seconds:
+  xdist_controller = (not os.environ.get("PYTEST_XDIST_WORKER")
+                      and bool(getattr(session.config.option, "numprocesses", 0)))
+  if path and _compile_seconds and not xdist_controller:   # the workers compile, not it
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     data = {m: {k: round(v, 2) for k, v in d.items() if k != "total"} | {
         "measured": round(_measured.get(m, 0.0), 1)} for m, d in _compile_seconds.items()}
     with open(f"{path}.{worker}.json", "w") as f:
       json.dump(data, f, indent=1)
+    functions = {k: {kind: round(v, 3) for kind, v in d.items()} for k, d in sorted(
+        _by_function.items(), key=lambda kv: -sum(kv[1].values()))}
+    with open(f"{path}.{worker}.functions.json", "w") as f:
+      json.dump(functions, f, indent=0)
   if (session.config.getoption("--write-module-seconds") and _measured
       and not os.environ.get("PYTEST_XDIST_WORKER")):
     data = {k: round(v, 1) for k, v in sorted(_measured.items(), key=lambda kv: -kv[1])}
