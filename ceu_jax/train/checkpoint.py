@@ -82,12 +82,10 @@ DIGEST_CHUNK = 64   # leaves per compiled call
 def _host_leaf_digest(x: np.ndarray) -> np.ndarray:
   """`_leaf_digest` in numpy on the host: the same uint32 arithmetic (sums and products
   wrap mod 2^32 alike), the same bits (little-endian words of a float64 as bitcast gives
-  them). A value that is not a jax array first gets the dtype jit would give it
-  (float64 -> float32 without x64, a Python float likewise)."""
-  if not isinstance(x, jax.Array):
-    x = np.asarray(x)
-    x = x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
-  x = np.asarray(x)
+  them). Every value gets the dtype jit would give it (a numpy float64 or a Python float
+  -> float32 without x64; a jax array's dtype is that already)."""
+  x = np.asarray(x)   # a jax array on this host's CPU: no transfer
+  x = x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
   if np.issubdtype(x.dtype, np.floating) or x.dtype == jnp.bfloat16:
     unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint32}[x.dtype.itemsize]
     bits = np.ascontiguousarray(x).view(unsigned)
