@@ -90,9 +90,11 @@ def small(model):
   ids = [P.encode(tok, HEADER + q) for q in QUESTIONS]
   assert len({len(i) for i in ids}) == len(ids) >= 20, 'every prompt has its own length'
   # The reference runs 220 uncached forwards: its weights are copied to the device once
-  # (the same values; numpy arguments would be copied again at every call).
+  # (the same values; numpy arguments would be copied again at every call), and every
+  # prompt sits in one buffer width (left pads masked): one compiled forward, not 22.
   on_device = jax.device_put(variables)
-  ref = [P.greedy_generate(on_device, config, i, N_NEW) for i in ids]
+  width = max(len(i) for i in ids) + N_NEW
+  ref = [P.greedy_generate(on_device, config, i, N_NEW, width=width) for i in ids]
   return config, variables, tok, ids, ref
 
 
@@ -170,8 +172,10 @@ def test_forced_prefix_equals_greedy_on_concatenation(small):
   # Edited prefixes (not the model's own output), as text: checked against the reference.
   forced = [' Rome, then', ' 1984 and']
   out = reader.continue_from(prompts[:2], forced, max_new_tokens=6)
-  for o, i, f in zip(out, ids[:2], forced):
-    assert list(o.tokens) == P.greedy_generate(variables, config, i + P.encode(tok, f), 6)
+  rows = [i + P.encode(tok, f) for i, f in zip(ids[:2], forced)]
+  width = max(len(r) for r in rows) + 6   # one compiled reference forward for both
+  for o, r in zip(out, rows):
+    assert list(o.tokens) == P.greedy_generate(variables, config, r, 6, width=width)
 
 
 def test_loglik_matches_reference_scorer(small):
@@ -235,6 +239,10 @@ def test_bad_input(small):
     reader.loglik(prompts[:2], ['a'])
   with pytest.raises(ValueError, match='0 tokens'):
     reader.generate(['', 'x'], max_new_tokens=2)
+  from ceu_jax import pretrained as P
+  with pytest.raises(ValueError, match=rf'width=5 must be >= len\(prompt_ids\) \+ n_new = '
+                     rf'{len(ids[0]) + 2}'):
+    P.greedy_generate(variables, config, ids[0], 2, width=5)   # refused before any forward
   full = _reader(config, variables, tok)
   g = full.generate(prompts[:2], max_new_tokens=7, stop=['never occurs §§§'])
   assert [x.stop_reason for x in g] == ['length', 'length']
@@ -273,7 +281,9 @@ def test_cached_equals_uncached_all_layers():
   config, variables = P.load_smollm2()
   tok = P.load_tokenizer()
   prompts = [HEADER + q for q in QUESTIONS[:20]]
-  ref = [P.greedy_generate(variables, config, P.encode(tok, p), 8) for p in prompts]
+  ids = [P.encode(tok, p) for p in prompts]
+  width = max(len(i) for i in ids) + 8   # one compiled reference forward for all
+  ref = [P.greedy_generate(variables, config, i, 8, width=width) for i in ids]
   for shared in (False, True):
     reader = SmolLM2Reader(variables, config, tok, eos_stop=False,
                            settings=DecodeSettings(batch_size=32, shared_prefix=shared))

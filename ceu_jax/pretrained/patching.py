@@ -125,18 +125,22 @@ def greedy_next_token(variables, config, tokens, valid):
 
 
 def greedy_generate(variables: dict, config: SmolLMConfig, prompt_ids: list[int],
-                    n_new: int) -> list[int]:
+                    n_new: int, width: Optional[int] = None) -> list[int]:
   """Greedy continuation (n_new ids) of one prompt; one compile for all steps.
 
-  The prompt sits right-aligned in a fixed buffer of len(prompt) + n_new
-  tokens (left pads masked), which shifts left by one token per step.
+  The prompt sits right-aligned in a fixed buffer of `width` tokens (default
+  len(prompt) + n_new; left pads masked), which shifts left by one token per step.
+  Prompts of many lengths given one `width` share one compiled forward.
   """
-  t = len(prompt_ids) + n_new
+  t = len(prompt_ids) + n_new if width is None else width
+  if t < len(prompt_ids) + n_new:
+    raise ValueError(f'width={width} must be >= len(prompt_ids) + n_new = '
+                     f'{len(prompt_ids) + n_new}')
   if t > config.max_len:
     raise ValueError(f'{t} tokens exceed the maximum length {config.max_len}')
   tokens = np.zeros((1, t), np.int32)
   valid = np.zeros((1, t), bool)
-  tokens[0, n_new:], valid[0, n_new:] = prompt_ids, True
+  tokens[0, t - len(prompt_ids):], valid[0, t - len(prompt_ids):] = prompt_ids, True
   out = []
   for _ in range(n_new):
     nxt = int(greedy_next_token(variables, config, tokens, valid)[0])
