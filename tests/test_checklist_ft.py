@@ -181,7 +181,6 @@ def test_tiny_world_b_audits_the_fine_tuned_readers_after_their_competence_check
   W/train/<regime>_tool/competence.json, its numbers in [0, 1] and the competence rule),
   audited on World B's checklists beside the prompted model, the pair's `separates` claim
   drawn, a non-competent reader's claims untested; a rerun trains and checks nothing."""
-  import shutil
   from ceu_jax import workdir as workdir_lib
   from ceu_jax.audits.mediator import job as mediator_job
   from configs import mediator as mediator_config
@@ -228,7 +227,15 @@ def test_tiny_world_b_audits_the_fine_tuned_readers_after_their_competence_check
     assert f'smollm2_lora/shortcut vs faithful +tool: {what}' in names
   assert '## §8.4 companion: decision-position probe' in report
   assert os.path.exists(os.path.join(w, 'probe_layers.png'))
-  shutil.rmtree(os.path.join(w, 'units'))
+  # The fine-tuned readers' units only (the prompted model's is kept: it trains nothing):
+  # their readers are built again, from the saved adapters, with no training or check.
+  from ceu_jax.audits.mediator import worlds
+  keys = [worlds.setting_key(f'smollm2_lora/{r}', True) + '_' for r in ('faithful', 'shortcut')]
+  units = os.path.join(w, 'units')
+  gone = [f for f in os.listdir(units) if f.startswith(tuple(keys))]
+  assert len(gone) == 2, os.listdir(units)
+  for f in gone:
+    os.remove(os.path.join(units, f))
   os.remove(os.path.join(w, 'summary.json'))
   logs.clear()
   s2 = mediator_job.run_mediator(c, w, log=logs.append)
