@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import jax
 import numpy as np
@@ -113,8 +112,13 @@ def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
     assert json.load(open(os.path.join(sub, 'competence.json')))['n'] == 2
   f = os.path.join(w, 'train', 'following', 'metrics.jsonl')
   before = (open(f).read(), os.path.getmtime(os.path.join(w, 'train', 'following', 'status.json')))
-  # rerun the audit from scratch on the same workdir: the adapters are reused, nothing trains
-  shutil.rmtree(os.path.join(w, 'units'))
+  # rerun the fine-tuned readers' units on the same workdir (the plain model's is kept: it
+  # trains nothing): their readers are built again, the adapters reused, nothing trains
+  units = os.path.join(w, 'units')
+  gone = [u for u in os.listdir(units) if u.startswith(('smollm2_following_', 'smollm2_shortcut_'))]
+  assert len(gone) == 2 and len(os.listdir(units)) == 3, os.listdir(units)
+  for u in gone:
+    os.remove(os.path.join(units, u))
   os.remove(os.path.join(w, 'summary.json'))
   logs.clear()
   s2 = trace_job.run_trace_sensitivity(cfgs.get_config(MEM), w, log=logs.append)
