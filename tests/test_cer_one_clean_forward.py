@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import architectures
 from ceu_jax import engine
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.engine import runner
@@ -41,10 +42,20 @@ CFG = losses.LossConfig(regularizer="evidence_distractor", k=3, beta_swap=0.4,
 
 @functools.lru_cache(maxsize=None)
 def _setup(family: str, dtype: str = "float32"):
-  """(model, params, D+, D−, site); dtype 'float64' only inside `jax.enable_x64(True)`."""
+  """(model, params, D+, D−, site); dtype 'float64' only inside `jax.enable_x64(True)`: the
+  float64 model with the float32 setup's parameters (cast) and batches, so that each family
+  initialises once (an `init` program costs seconds to compile)."""
   model_cfg = dict(family=family, preset="p100k", bypass=False, dtype=dtype,
                    overrides={**SMALL, **FAMILY_OVERRIDES[family]})
-  model, params, clean, corrupt, site = test_losses_cer.cer_setup(model_cfg, B)
+  if dtype == "float32":
+    model, params, clean, corrupt, site = test_losses_cer.cer_setup(model_cfg, B)
+  else:
+    with jax.enable_x64(False):
+      m, params, clean, corrupt, site = _setup(family)
+    model = architectures.build_model(
+        model_cfg, vocab_size=m.spec.vocab_size, context_len=m.spec.context_len,
+        num_passages=m.spec.num_passages, query_len=m.spec.query_len,
+        answer_len=m.spec.answer_len)
   params = jax.tree.map(lambda p: p.astype(model.spec.compute_dtype), params)
   return model, params, clean, corrupt, site
 
