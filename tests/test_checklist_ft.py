@@ -16,7 +16,7 @@ from ceu_jax.audits.mediator import checklist_text as ct
 from ceu_jax.audits.mediator import finetune as F
 from ceu_jax.pretrained import gguf_loader
 from configs import smollm2_checklist as C
-from tests.test_train_helpers import metric_rows
+from tests.test_train_helpers import metric_rows, remove_units
 
 _WHY = gguf_loader.is_available()
 needs_model = pytest.mark.skipif(_WHY is not None, reason=f'pretrained model unavailable: {_WHY}')
@@ -230,12 +230,8 @@ def test_tiny_world_b_audits_the_fine_tuned_readers_after_their_competence_check
   # The fine-tuned readers' units only (the prompted model's is kept: it trains nothing):
   # their readers are built again, from the saved adapters, with no training or check.
   from ceu_jax.audits.mediator import worlds
-  keys = [worlds.setting_key(f'smollm2_lora/{r}', True) + '_' for r in ('faithful', 'shortcut')]
-  units = os.path.join(w, 'units')
-  gone = [f for f in os.listdir(units) if f.startswith(tuple(keys))]
-  assert len(gone) == 2, os.listdir(units)
-  for f in gone:
-    os.remove(os.path.join(units, f))
+  remove_units(w, tuple(worlds.setting_key(f'smollm2_lora/{r}', True) + '_'
+                        for r in ('faithful', 'shortcut')), expect=2)
   os.remove(os.path.join(w, 'summary.json'))
   logs.clear()
   s2 = mediator_job.run_mediator(c, w, log=logs.append)

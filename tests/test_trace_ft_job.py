@@ -16,6 +16,7 @@ from ceu_jax import workdir as workdir_lib
 from ceu_jax.audits.traces import job as trace_job
 from ceu_jax.pretrained import gguf_loader
 from configs import trace_sensitivity as cfgs
+from tests.test_train_helpers import remove_units
 
 _WHY = gguf_loader.is_available()
 # compile-bound: most XLA optimisations off (2026-11-30: 62 -> 55 s; not in the decode-bound
@@ -114,11 +115,8 @@ def test_tiny_fine_tuned_readers_trained_once_and_audited(tmp_path):
   before = (open(f).read(), os.path.getmtime(os.path.join(w, 'train', 'following', 'status.json')))
   # rerun the fine-tuned readers' units on the same workdir (the plain model's is kept: it
   # trains nothing): their readers are built again, the adapters reused, nothing trains
-  units = os.path.join(w, 'units')
-  gone = [u for u in os.listdir(units) if u.startswith(('smollm2_following_', 'smollm2_shortcut_'))]
-  assert len(gone) == 2 and len(os.listdir(units)) == 3, os.listdir(units)
-  for u in gone:
-    os.remove(os.path.join(units, u))
+  remove_units(w, ('smollm2_following_', 'smollm2_shortcut_'), expect=2)
+  assert len(os.listdir(os.path.join(w, 'units'))) == 1   # the plain model's, kept
   os.remove(os.path.join(w, 'summary.json'))
   logs.clear()
   s2 = trace_job.run_trace_sensitivity(cfgs.get_config(MEM), w, log=logs.append)

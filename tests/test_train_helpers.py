@@ -73,6 +73,17 @@ def metric_rows(workdir: str, split: str | None = None) -> list[dict]:
   return rows
 
 
+def remove_units(workdir: str, prefixes: tuple[str, ...], expect: int) -> list[str]:
+  """Delete the job units W/units/<prefix>… (exactly `expect` of them) so that a rerun
+  computes them again and the rest are resumed; returns the deleted names."""
+  units = os.path.join(workdir, "units")
+  gone = sorted(u for u in os.listdir(units) if u.startswith(prefixes))
+  assert len(gone) == expect, os.listdir(units)
+  for u in gone:
+    os.remove(os.path.join(units, u))
+  return gone
+
+
 def status(workdir: str) -> dict:
   with open(os.path.join(workdir, "status.json")) as f:
     return json.load(f)
