@@ -226,9 +226,10 @@ def keep_freed_memory() -> bool:
   unmaps it on free, so every step faults every page in again (60,500 minor faults
   and 0.15 s of system time per ssm step, measured). Here, before JAX starts its
   threads: one malloc arena, no mmap'd blocks, and freed heap kept (trim threshold
-  2 GiB, 64 MiB top pad): after the first steps a step faults no page (measured: 0
-  faults, 0.002 s system time per step; the resident set grows by the kept blocks,
-  1.07 -> 1.52 GB there). glibc only; CEU_JAX_MALLOC=default skips it. Returns
+  2 GiB, 64 MiB top pad): after the first steps a typical step faults no page
+  (measured: 0 faults, 0.002 s system time per step; the resident set grows by the kept
+  blocks, 1.07 -> 1.52 GB there); an occasional call faults its block in again
+  (tests/test_allocator.py). glibc only; CEU_JAX_MALLOC=default skips it. Returns
   whether the settings were applied."""
   if os.environ.get(ALLOCATOR_ENV, "") == "default" or not sys.platform.startswith("linux"):
     return False

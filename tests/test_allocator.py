@@ -23,7 +23,7 @@ x = jnp.ones((8192, 4096), jnp.float32)
 for _ in range(20):   # the kept heap grows over the first calls
   f(x).block_until_ready()
 faults = []
-for _ in range(10):
+for _ in range(20):
   r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   f(x).block_until_ready()
   faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
@@ -32,7 +32,7 @@ print(applied, *faults)
 
 
 def _faults(env_value: str | None) -> tuple[str, list[int]]:
-  """(whether the setting was applied, page faults of each of 10 calls)."""
+  """(whether the setting was applied, page faults of each of 20 calls)."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   env.pop("CEU_JAX_MALLOC", None)
   if env_value is not None:
@@ -49,9 +49,10 @@ def test_kept_memory_stops_the_page_faults_of_every_call():
   assert (applied, skipped) == ("True", "False")
   # Default: every call faults its temporaries in again (~33.8k pages per call).
   assert min(default) > 16000, default
-  # Kept memory: the typical call faults < 1/20 of that. Under load one call of 10 was seen
-  # faulting all 32,768 pages once, the others ~0 (likely a glibc arena new to the XLA
-  # thread it ran on; not verified), so at most 2 of the 10 may.
+  # Kept memory: the typical call faults < 1/20 of that. Some calls fault their whole
+  # block again (a fragmented heap places it above the pages touched so far; not
+  # verified): under load one of 10 was seen here, and three of 10 in one CI run, so the
+  # bounds are the median call and the total (with the setting ignored both fail).
   per_call = sorted(default)[len(default) // 2]
   assert sorted(tuned)[len(tuned) // 2] < per_call / 20, (tuned, default)
-  assert sum(t > per_call / 2 for t in tuned) <= 2, (tuned, default)
+  assert sum(tuned) < sum(default) / 2, (tuned, default)
