@@ -7,22 +7,30 @@ different days (or CI runners) against each other.
 The project's time goals (the main job, the test suite) are wall times "on this 2-core
 machine", but one 2-core virtual machine is not always as fast as another: the same code's
 test suite took 14:46 on one session's host and 29:03 on a later session's (docs/tests.md). Run
-this beside a timing and quote its numbers with it. The three workloads are the suite's
-three kinds of work:
+this beside a timing and quote its numbers with it. The four workloads are the suite's
+four kinds of work:
 
   compile   XLA:CPU compiling one fixed program (a small scanned MLP's loss and
             gradients), a fresh function each rep so nothing is cached: seconds (median)
   matmul    a jitted float32 (1024 x 1024) @ (1024 x 1024), XLA's threads: GFLOP/s (median)
   python    a fixed pure-Python loop: ns per iteration (median)
+  start     a fresh Python process importing the training entry point (`import
+            experiments.train`: jax, flax, orbax, the library), as every entry point and each
+            of the suite's ~150 test subprocesses does: CPU seconds, user + system (median).
+            Unlike the others it also moves with the installed packages: ml-dtypes 0.7.0
+            alone added 0.6 s to it (pyproject.toml pins < 0.7).
 
 No targets: the lines are `HOST <name> <value> <unit>`, after one line naming the CPU,
-its core count and the JAX version. Lower compile and python, higher matmul, is faster.
+its core count and the JAX version. Lower compile, python and start, higher matmul, is faster.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 
 import ceu_jax  # noqa: F401  (the library's XLA:CPU settings, before JAX starts)
@@ -87,11 +95,26 @@ def python_ns(reps: int, n: int = 2_000_000) -> float:
   return statistics.median(out)
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start_cpu_seconds(reps: int) -> float:
+  """Median CPU seconds (user + system) of a fresh `python -c 'import experiments.train'`."""
+  out = []
+  for _ in range(reps):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, '-c', 'import experiments.train'], cwd=ROOT, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+  return statistics.median(out)
+
+
 def measure(reps: int) -> dict:
-  """{name: (value, unit)} of the three workloads (module doc)."""
+  """{name: (value, unit)} of the four workloads (module doc)."""
   return {'compile': (compile_seconds(reps), 's'),
           'matmul': (matmul_gflops(reps), 'GFLOP/s'),
-          'python': (python_ns(reps), 'ns/iter')}
+          'python': (python_ns(reps), 'ns/iter'),
+          'start': (start_cpu_seconds(reps), 'CPU-s')}
 
 
 def main(argv=None) -> None:

@@ -61,7 +61,7 @@ def test_benchmark_smoke_run_ends_with_target_lines(name):
   assert lines[-len(targets):] == targets      # the TARGET lines end the output
 
 
-def test_host_bench_prints_the_cpu_and_three_workloads(capsys):
+def test_host_bench_prints_the_cpu_and_four_workloads(capsys):
   """benchmarks/host_bench (no targets: a calibration to quote beside a timing)."""
   from benchmarks import host_bench  # pylint: disable=g-import-not-at-top
   host_bench.main(["--reps", "1"])
@@ -73,7 +73,7 @@ def test_host_bench_prints_the_cpu_and_three_workloads(capsys):
     assert m, line
     got[m[1]] = (float(m[2]), m[3])
   assert [(k, u) for k, (_, u) in got.items()] == [
-      ("compile", "s"), ("matmul", "GFLOP/s"), ("python", "ns/iter")]
+      ("compile", "s"), ("matmul", "GFLOP/s"), ("python", "ns/iter"), ("start", "CPU-s")]
   assert all(v > 0 for v, _ in got.values())
 
 
