@@ -15,8 +15,9 @@ four kinds of work:
   matmul    a jitted float32 (1024 x 1024) @ (1024 x 1024), XLA's threads: GFLOP/s (median)
   python    a fixed pure-Python loop: ns per iteration (median)
   start     a fresh Python process importing the training entry point (`import
-            experiments.train`: jax, flax, orbax, the library), as every entry point and each
-            of the suite's ~150 test subprocesses does: CPU seconds, user + system (median).
+            experiments.train`: jax, flax, orbax, the library), as every entry point and
+            each of the ~100 Python processes of a test-suite run does: CPU seconds, user +
+            system (median).
             Unlike the others it also moves with the installed packages: ml-dtypes 0.7.0
             alone added 0.6 s to it (pyproject.toml pins < 0.7).
 

@@ -227,6 +227,7 @@ def test_port_read_equals_masked_rescan(reset, impl, layout):
 
 # ------------------------------------------------------------------ through the engine
 
+@functools.lru_cache(maxsize=None)   # one init per scan: every test gets immutable arrays
 def _model_and_batch(impl: str = "associative"):
   cfg = dict(family="ssm", preset="p100k",
              overrides=dict(scan_impl=impl, ssm_inner=8, ssm_state=4, embed_dim=16,
