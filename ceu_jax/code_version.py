@@ -4,17 +4,20 @@ checkout (the README's `pip install -e .`), the commit and the files changed sin
 Recorded in every workdir event (W/provenance.json), in every job's summary.json
 (`produced_by.versions.code`) and in every grid cell's result.json; the grid report
 names the code of its cells and warns when they differ. `versions()` adds the Python, jax,
-flax and numpy versions and the CPU: XLA:CPU compiles for the CPU it runs on, so the same
-code and libraries can round differently on another CPU (README, the main job on a third
-host).
+flax and numpy versions, the CPU (its model name and instruction-set extensions) and
+XLA_FLAGS: XLA:CPU compiles for the CPU it runs on, so the same code and libraries can round
+differently on another CPU, even one /proc/cpuinfo names alike (README, "Results").
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
+import re
 import subprocess
 import sys
+from typing import Mapping, Sequence
 
 import ceu_jax
 
@@ -78,10 +81,68 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine() or "?"
 
 
+# The CPU's instruction-set extensions that can change what XLA:CPU (through LLVM) emits:
+# x86 SIMD, matrix and bit-manipulation sets; on Arm every `Features` entry is one.
+_ISA_FLAG = re.compile(r"^(sse\S*|ssse3|avx\S*|amx\S*|fma\S*|f16c|bmi\d|abm|lzcnt|movbe|popcnt|"
+                       r"gfni|vaes|vpclmulqdq|pclmulqdq|sha_ni)$")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_features() -> tuple[str, ...]:
+  """The CPU's instruction-set extensions (sorted; /proc/cpuinfo `flags`, x86, filtered by
+  `_ISA_FLAG`, or `Features`, Arm), () where the system does not list them. Two hosts
+  whose /proc/cpuinfo gives the same model name can differ here (a virtual machine's
+  "Intel(R) Xeon(R) Processor" with or without AVX-512), and XLA:CPU compiles for them."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+          return tuple(sorted(x for x in value.split() if _ISA_FLAG.match(x)))
+        if key.strip() == "Features":
+          return tuple(sorted(value.split()))
+  except OSError:
+    pass
+  return ()
+
+
+def _isa_family(features: Sequence[str]) -> str:
+  """The widest vector / matrix set among `features`, in words ('AVX-512 + AMX', 'SVE')."""
+  f = set(features)
+  if "avx512f" in f:
+    return "AVX-512 + AMX" if "amx_tile" in f else "AVX-512"
+  for flag, name in (("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"), ("sve2", "SVE2"),
+                     ("sve", "SVE"), ("asimd", "NEON")):
+    if flag in f:
+      return name
+  return "no SIMD listed"
+
+
+def cpu_kind(recorded: Mapping | None = None) -> str:
+  """One line naming what computed a result, from its `versions` record (default: this
+  process): the model name, then — when recorded — the widest instruction set and a short
+  hash of all `cpu_features`, and an `--xla_cpu_max_isa` cap from XLA_FLAGS. Results with
+  different kinds can round differently; 'unrecorded CPU' for records made before the CPU
+  was recorded."""
+  v = versions() if recorded is None else (recorded or {})
+  name = v.get("cpu")
+  if not name:
+    return "unrecorded CPU"
+  features = v.get("cpu_features")
+  if features is None:                  # recorded before the features were
+    return name
+  digest = hashlib.sha1(" ".join(features).encode()).hexdigest()[:6]
+  cap = re.search(r"--xla_cpu_max_isa=(\S+)", v.get("xla_flags") or "")
+  return (f"{name} [{_isa_family(features)}, {len(features)} ISA flags #{digest}"
+          + (f", XLA capped at {cap.group(1)}" if cap else "") + "]")
+
+
 def versions() -> dict:
   """What produced a result: the code (`code_version`), Python, jax / flax / numpy where
-  imported, and the CPU (recorded in summary.json and in every grid cell's result.json)."""
-  out = {"python": sys.version.split()[0], "code": code_version(), "cpu": cpu_model()}
+  imported, the CPU (model name and `cpu_features`) and XLA_FLAGS ('' when unset) —
+  recorded in summary.json and in every grid cell's result.json."""
+  out = {"python": sys.version.split()[0], "code": code_version(), "cpu": cpu_model(),
+         "cpu_features": list(cpu_features()), "xla_flags": os.environ.get("XLA_FLAGS", "")}
   for name in ("jax", "flax", "numpy"):
     mod = sys.modules.get(name)
     if mod is not None:

@@ -108,6 +108,39 @@ def test_versions_name_the_libraries_and_the_cpu():
     names = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
              if l.startswith("model name")]
     assert not names or got["cpu"] == names[0]
+  assert got["cpu_features"] == list(cv.cpu_features())
+  assert got["xla_flags"] == os.environ.get("XLA_FLAGS", "")
+
+
+def test_cpu_features_are_the_isa_flags_of_proc_cpuinfo():
+  flags = []
+  if os.path.exists("/proc/cpuinfo"):
+    for line in open("/proc/cpuinfo"):
+      if line.split(":")[0].strip() in ("flags", "Features"):
+        flags = line.split(":", 1)[1].split()
+        break
+  got = cv.cpu_features()
+  assert list(got) == sorted(got) and set(got) <= set(flags)
+  for isa in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_fp16", "amx_tile", "asimd"):
+    assert (isa in got) == (isa in flags), isa          # every vector set that is listed
+  for other in ("fpu", "hypervisor", "ht", "tsc", "constant_tsc"):
+    assert other not in got                              # nothing XLA does not compile for
+
+
+def test_cpu_kind_tells_same_named_cpus_apart_by_their_instruction_sets():
+  xeon = dict(cpu="Intel(R) Xeon(R) Processor", xla_flags="")
+  wide = cv.cpu_kind(dict(xeon, cpu_features=["avx", "avx2", "avx512f", "amx_tile", "fma"]))
+  narrow = cv.cpu_kind(dict(xeon, cpu_features=["avx", "avx2", "fma"]))
+  assert wide.startswith("Intel(R) Xeon(R) Processor [AVX-512 + AMX, 5 ISA flags #")
+  assert narrow.startswith("Intel(R) Xeon(R) Processor [AVX2, 3 ISA flags #")
+  assert wide != narrow
+  capped = cv.cpu_kind(dict(xeon, cpu_features=["avx", "avx2", "fma"],
+                            xla_flags="--xla_force_host_platform_device_count=8 "
+                                      "--xla_cpu_max_isa=AVX"))
+  assert capped.startswith(narrow[:-1]) and capped.endswith(", XLA capped at AVX]")
+  assert cv.cpu_kind(dict(cpu="AMD EPYC")) == "AMD EPYC"    # recorded before the features
+  assert cv.cpu_kind({}) == cv.cpu_kind(dict(cpu_features=[])) == "unrecorded CPU"
+  assert cv.cpu_kind() == cv.cpu_kind(cv.versions())
 
 
 def test_grid_cells_record_it_and_the_report_names_it(tmp_path):
@@ -120,10 +153,10 @@ def test_grid_cells_record_it_and_the_report_names_it(tmp_path):
   assert all(r["versions"] == json.loads(json.dumps(cv.versions())) for r in results)
   assert report.code_lines(results) == [
       f"Code: {cv.describe(cv.code_version())} (every cell).", ""]
-  assert report.cpu_lines(results) == [f"CPU: {cv.cpu_model()} (every cell).", ""]
+  assert report.cpu_lines(results) == [f"CPU: {cv.cpu_kind()} (every cell).", ""]
   cpus = report.cpu_lines([{"versions": {"cpu": "AMD EPYC"}}, {"versions": {"cpu": "Xeon"}},
                            {"versions": {"cpu": "AMD EPYC"}}, {"versions": None}, {}])
-  assert cpus[0].startswith("**The cells were computed on 3 CPU models**") and cpus[0].endswith(
+  assert cpus[0].startswith("**The cells were computed on 3 kinds of CPU**") and cpus[0].endswith(
       "AMD EPYC (2 cells); unrecorded CPU (2 cells); Xeon (1 cells)."), cpus
   assert report.cpu_lines([]) == []
   a = dict(ceu_jax="0.1.0", commit="a" * 40, dirty=False, n_changed=0)

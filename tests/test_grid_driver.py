@@ -324,20 +324,25 @@ def test_cells_of_two_cpu_models_are_flagged_in_the_log_and_the_report(tmp_path)
   runner.run_grid(config, str(tmp_path), fake_cell, log=lambda s: None)
   logs = []
   grid_main.run(config, str(tmp_path), aggregate_only=True, log=logs.append)
-  assert not [l for l in logs if "CPU models" in l]
-  here = code_version.cpu_model()
+  assert not [l for l in logs if "kinds of CPU" in l]
+  here = code_version.cpu_kind()
   assert f"CPU: {here} (every cell)." in (tmp_path / "report.md").read_text()
   path = sorted((tmp_path / "cells").glob("*/result.json"))[0]
-  result = json.loads(path.read_text())
-  result["versions"]["cpu"] = "Another CPU"             # as if finished on another host
-  path.write_text(json.dumps(result))
-  logs.clear()
-  grid_main.run(config, str(tmp_path), aggregate_only=True, log=logs.append)
-  warning = [l for l in logs if "CPU models" in l]
-  assert len(warning) == 1 and "2 CPU models" in warning[0], logs
-  assert f"{here}: 5 cells" in warning[0] and "Another CPU: 1 cells" in warning[0]
-  text = (tmp_path / "report.md").read_text()
-  assert "**The cells were computed on 2 CPU models**" in text
+  original = json.loads(path.read_text())
+  # as if finished on another host: another model name, or the same name with other
+  # instruction sets (two virtual machines both called "Intel(R) Xeon(R) Processor")
+  for other, named in ((dict(cpu="Another CPU"), "Another CPU"),
+                       (dict(cpu_features=["avx", "avx2", "fma"]), "[AVX2, 3 ISA flags #")):
+    result = json.loads(json.dumps(original))
+    result["versions"].update(other)
+    path.write_text(json.dumps(result))
+    logs.clear()
+    grid_main.run(config, str(tmp_path), aggregate_only=True, log=logs.append)
+    warning = [l for l in logs if "kinds of CPU" in l]
+    assert len(warning) == 1 and "2 kinds of CPU" in warning[0], logs
+    assert f"{here}: 5 cells" in warning[0] and named in warning[0], warning
+    text = (tmp_path / "report.md").read_text()
+    assert "**The cells were computed on 2 kinds of CPU**" in text
 
 
 def test_grid_lines_have_elapsed_and_eta(tmp_path):

@@ -56,7 +56,7 @@ def test_tiny_smoke_grid_runs_and_reports_strata(tmp_path):
   assert "## Accurate, but is the evidence used?" in text
   assert "[memorised] = evidence present, answer memorisable" in text
   from ceu_jax import code_version  # pylint: disable=g-import-not-at-top
-  assert f"CPU: {code_version.cpu_model()} (every cell)." in text   # what computed the cells
+  assert f"CPU: {code_version.cpu_kind()} (every cell)." in text   # what computed the cells
   for stem in ("em_ceu_vs_delta", "pareto_em_supported"):
     assert os.path.getsize(os.path.join(workdir, "plots", f"{stem}.png")) > 1000
   if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):   # the grid's own cache, unless set

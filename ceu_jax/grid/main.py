@@ -90,7 +90,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = 
         include_other_cells else other)
   models = report.cpu_models(results)
   if len(models) > 1:   # e.g. a grid resumed on another host: float rounding differs
-    log(f"[grid] WARNING: the cells were computed on {len(models)} CPU models ("
+    log(f"[grid] WARNING: the cells were computed on {len(models)} kinds of CPU ("
         + "; ".join(f"{m}: {n} cells" for m, n in models.most_common())
         + "); XLA:CPU rounds differently on each, so a cell rerun elsewhere gives other "
         "numbers (report.md says so too)")

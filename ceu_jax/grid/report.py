@@ -249,15 +249,14 @@ def code_lines(results: Sequence[dict]) -> list[str]:
 
 
 def cpu_models(results: Sequence[dict]) -> collections.Counter:
-  """CPU model name (result.json's `versions.cpu`; 'unrecorded CPU' before it was
-  recorded) -> number of cells."""
-  return collections.Counter((r.get("versions") or {}).get("cpu") or "unrecorded CPU"
-                             for r in results)
+  """The kind of CPU (`code_version.cpu_kind` of result.json's `versions`: model name,
+  instruction sets; 'unrecorded CPU' before it was recorded) -> number of cells."""
+  return collections.Counter(code_version.cpu_kind(r.get("versions") or {}) for r in results)
 
 
 def cpu_lines(results: Sequence[dict]) -> list[str]:
-  """The CPUs that computed the cells (result.json's `versions.cpu`): one line if all
-  agree, else a warning. XLA:CPU compiles for the CPU it runs on, so the same code and
+  """The CPUs that computed the cells (`cpu_models`): one line if all agree, else a
+  warning. XLA:CPU compiles for the CPU it runs on, so the same code and
   seed train to other numbers on another CPU model (README, "Results": 3 of the main
   job's 23 verdicts moved on an Intel host against the AMD host of the record)."""
   counts = cpu_models(results)
@@ -265,8 +264,8 @@ def cpu_lines(results: Sequence[dict]) -> list[str]:
     return []
   if len(counts) == 1:
     return [f"CPU: {next(iter(counts))} (every cell).", ""]
-  return [f"**The cells were computed on {len(counts)} CPU models** (XLA:CPU rounds "
-          "differently on each: a cell rerun on another model gives other numbers): "
+  return [f"**The cells were computed on {len(counts)} kinds of CPU** (XLA:CPU rounds "
+          "differently on each: a cell rerun on another kind gives other numbers): "
           + "; ".join(f"{d} ({n} cells)" for d, n in counts.most_common()) + ".", ""]
 
 
