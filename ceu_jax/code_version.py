@@ -68,17 +68,26 @@ def describe(code: dict | None) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_model() -> str:
-  """The CPU's model name (/proc/cpuinfo on Linux, else `platform.processor()`), and the
-  architecture when neither names it."""
+def _cpuinfo() -> dict[str, str]:
+  """The first value of each /proc/cpuinfo field ({} where there is none: not Linux)."""
+  out: dict[str, str] = {}
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
+        key, sep, value = line.partition(":")
+        if sep:
+          out.setdefault(key.strip(), value.strip())
   except OSError:
     pass
-  return platform.processor() or platform.machine() or "?"
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo on Linux, else `platform.processor()`), and the
+  architecture when neither names it."""
+  return (_cpuinfo().get("model name") or platform.processor() or platform.machine()
+          or "?")
 
 
 # The CPU's instruction-set extensions that can change what XLA:CPU (through LLVM) emits:
@@ -93,17 +102,10 @@ def cpu_features() -> tuple[str, ...]:
   `_ISA_FLAG`, or `Features`, Arm), () where the system does not list them. Two hosts
   whose /proc/cpuinfo gives the same model name can differ here (a virtual machine's
   "Intel(R) Xeon(R) Processor" with or without AVX-512), and XLA:CPU compiles for them."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-          return tuple(sorted(x for x in value.split() if _ISA_FLAG.match(x)))
-        if key.strip() == "Features":
-          return tuple(sorted(value.split()))
-  except OSError:
-    pass
-  return ()
+  info = _cpuinfo()
+  if "flags" in info:
+    return tuple(sorted(x for x in info["flags"].split() if _ISA_FLAG.match(x)))
+  return tuple(sorted(info.get("Features", "").split()))
 
 
 def _isa_family(features: Sequence[str]) -> str:
