@@ -4,6 +4,7 @@ Shape legend: B batch, Q query length, N context length, A answer length, P port
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -70,9 +71,16 @@ def dummy_inputs(spec: ArchSpec, batch: int = 2):
   return q, c, pid, a
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _init(model: RetrievalModel, rng: jax.Array, *inputs: jax.Array):
+  """`model.init`, one jitted function for every model: models are frozen dataclasses, so an
+  equal model (same config and task sizes) built again reuses the compiled program."""
+  return model.init(rng, *inputs)
+
+
 def init_params(model: RetrievalModel, rng: jax.Array, batch: int = 2):
   """Unboxed parameters of `model` (plain arrays)."""
-  variables = jax.jit(model.init)(rng, *dummy_inputs(model.spec, batch))
+  variables = _init(model, rng, *dummy_inputs(model.spec, batch))
   return nn.meta.unbox(variables)
 
 

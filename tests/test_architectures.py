@@ -5,6 +5,7 @@ T reader positions, P ports, D port features, l scanned length, c channels, s st
 """
 from __future__ import annotations
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -326,6 +327,24 @@ def test_parameters_carry_logical_axis_names():
       variables, is_leaf=lambda v: isinstance(v, nn.LogicallyPartitioned))
   assert leaves and all(isinstance(v, nn.LogicallyPartitioned) for v in leaves)
   assert all(len(v.names) == len(v.value.shape) for v in leaves)
+
+
+def test_init_params_of_an_equal_model_reuses_its_program_and_bits(models):
+  """`init_params` jits one function for every model (the model a static argument): a model
+  built again from the same config is equal, so its init compiles nothing new — the seed is
+  an argument — and gives `jax.jit(model.init)`'s parameters, bit for bit."""
+  model, params = models["attention"]
+  again = _model("attention")
+  assert again == model and again is not model
+  compiled = architectures.api._init._cache_size()
+  other_seed = architectures.init_params(again, jax.random.PRNGKey(1))
+  same_seed = architectures.init_params(again, jax.random.PRNGKey(0))
+  assert architectures.api._init._cache_size() == compiled
+  want = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0),
+                                           *architectures.dummy_inputs(model.spec, 2)))
+  for got in (params, same_seed):
+    chex.assert_trees_all_equal(got, want)
+  assert not np.array_equal(jax.tree.leaves(other_seed)[0], jax.tree.leaves(want)[0])
 
 
 def test_bfloat16_forward_is_finite():
