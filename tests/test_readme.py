@@ -54,3 +54,24 @@ def test_readme_anchors_name_a_heading():
   assert anchors, "the README links to its own sections"
   for a in anchors:
     assert a in slugs, a
+
+
+def _slugs(path: str) -> set[str]:
+  with open(path) as f:
+    return {_slug(h) for h in re.findall(r"^#+ (.*)$", f.read(), re.M)}
+
+
+def test_links_into_another_page_name_a_heading_there():
+  """`[..](docs/x.md#anchor)` in the README or a docs page: the page exists and has a heading
+  whose GitHub anchor is `anchor` (a heading renamed would leave the link dead)."""
+  pages = ["README.md"] + [os.path.join("docs", n) for n in sorted(os.listdir(
+      os.path.join(ROOT, "docs"))) if n.endswith(".md")]
+  checked = 0
+  for page in pages:
+    text = open(os.path.join(ROOT, page)).read()
+    for target, anchor in re.findall(r"\]\(([\w./-]+\.md)#([^)\s]+)\)", text):
+      path = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), target))
+      assert os.path.exists(path), (page, target)
+      assert anchor in _slugs(path), (page, target, anchor)
+      checked += 1
+  assert checked, "no link into another page's section was found"
