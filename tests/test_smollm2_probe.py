@@ -69,7 +69,7 @@ def test_pairs_are_token_aligned_and_differ_in_the_question_only():
     assert tok.decode(list(p.plus[-p.answer_len:])).strip() == x.answer   # the answer ends it
     assert p.spans[0] is None
   bad = layer_probe.ProbePair('b', (1, 2, 3, 4), (1, 9, 3, 4), 1, (None, (False,) * 4))
-  with pytest.raises(AssertionError, match="item b: D\+ and D− differ outside a probe's span"):
+  with pytest.raises(AssertionError, match=r"item b: D\+ and D− differ outside a probe's span"):
     bad.check()
   with pytest.raises(AssertionError, match='differ in the forced output or answer'):
     layer_probe.ProbePair('c', (1, 2, 3, 4), (1, 2, 3, 5), 1, (None,)).check()

@@ -108,10 +108,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, site: Si
     (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     metrics = dict(metrics)
-    metrics.update(grad_norm=grad_norm, param_norm=optax.global_norm(params),
-                   update_norm=optax.global_norm(updates),
+    metrics.update(grad_norm=grad_norm, param_norm=optax.tree.norm(params),
+                   update_norm=optax.tree.norm(updates),
                    finite=jnp.isfinite(loss) & jnp.isfinite(grad_norm))
     if lr_schedule is not None:
       metrics["lr"] = lr_schedule(state.step)
