@@ -96,10 +96,15 @@ def checkpoint_steps(workdir: str) -> list[int]:
 
 def load_state(workdir: str, step: int) -> dict:
   """The saved train state of `step` as host numpy arrays (no model needed)."""
+  import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, "checkpoints", str(step), "state")
+  # numpy leaves: restored as jax arrays, orbax would guess their sharding from the files
+  meta = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path)).tree
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
   with ocp.PyTreeCheckpointer() as ckptr:
-    tree = ckptr.restore(path)
+    tree = ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
   return tree
 
 
