@@ -63,9 +63,14 @@ EIGEN_FLAG = "--xla_cpu_multi_thread_eigen"
 def one_thread_per_op_flags(xla_flags: str) -> str:
   """XLA_FLAGS with XLA:CPU's Eigen kernels on one thread (`EIGEN_FLAG=false`); unchanged
   when the user set the flag."""
-  if EIGEN_FLAG in xla_flags:
+  return with_flag(xla_flags, EIGEN_FLAG, "false")
+
+
+def with_flag(xla_flags: str, flag: str, value: str) -> str:
+  """XLA_FLAGS with `flag=value` added; unchanged when it names the flag already."""
+  if flag in xla_flags:
     return xla_flags
-  return f"{xla_flags} {EIGEN_FLAG}=false".strip()
+  return f"{xla_flags} {flag}={value}".strip()
 
 
 def one_thread_per_op() -> bool:
@@ -80,11 +85,32 @@ def one_thread_per_op() -> bool:
   Applied to os.environ (worker processes inherit it) only before JAX's backend starts
   and unless XLA_FLAGS already names the flag (the user's value wins); returns whether
   the flag is in effect for this process."""
+  return _set_before_backend(EIGEN_FLAG, "false")
+
+
+# ---------------------------------------------------------------- codegen in one piece
+CODEGEN_FLAG = "--xla_cpu_parallel_codegen_split_count"
+
+
+def one_piece_codegen() -> bool:
+  """For the grid: each process generates a program's machine code in one piece
+  (`CODEGEN_FLAG=1`) instead of splitting it over threads, for the reason above: the
+  other workers have the cores. Where the values come from does not change: cells 0, 5
+  and 6 of the smoke grid (attention, ssm, memory_port) gave their rows value for value
+  with and without it, and user time 107.7 → 95.1, 204.7 → 174.0, 98.8 → 100.8 s (one
+  process each, 2 cores, 2026-12-02). Applied like `one_thread_per_op`."""
+  return _set_before_backend(CODEGEN_FLAG, "1")
+
+
+def _set_before_backend(flag: str, value: str) -> bool:
+  """Add `flag=value` to os.environ['XLA_FLAGS'] before JAX's backend starts, unless
+  XLA_FLAGS names the flag already (the user's value wins); whether `flag=value` is in
+  effect for this process."""
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
   flags = os.environ.get("XLA_FLAGS", "")
-  if EIGEN_FLAG in flags:
-    return f"{EIGEN_FLAG}=false" in flags.split()
+  if flag in flags:
+    return f"{flag}={value}" in flags.split()
   if xla_bridge.backends_are_initialized():
     return False
-  os.environ["XLA_FLAGS"] = one_thread_per_op_flags(flags)
+  os.environ["XLA_FLAGS"] = with_flag(flags, flag, value)
   return True

@@ -66,3 +66,22 @@ def test_one_thread_per_op_only_before_the_backend_starts():
   assert f"{xla_cpu.EIGEN_FLAG}=false" in flags
   a, _, flags, _ = run(XLA_FLAGS=f"{xla_cpu.EIGEN_FLAG}=true")
   assert a == "False" and flags.split()[0] == f"{xla_cpu.EIGEN_FLAG}=true"
+
+
+def test_one_piece_codegen_only_before_the_backend_starts():
+  """As `one_thread_per_op`: set before JAX's backend starts, left alone after; the
+  user's value wins."""
+  code = ("import os, ceu_jax, jax; from ceu_jax import xla_cpu; "
+          "a = xla_cpu.one_piece_codegen(); f = os.environ['XLA_FLAGS']; "
+          "jax.numpy.ones(2).block_until_ready(); os.environ['XLA_FLAGS'] = ''; "
+          "b = xla_cpu.one_piece_codegen(); print(a, b, f, os.environ['XLA_FLAGS'], sep='|')")
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+  run = lambda **extra: subprocess.run(
+      [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+      env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **extra)).stdout.strip().split("|")
+  a, b, flags, after = run()
+  assert (a, b, after) == ("True", "False", "")
+  assert f"{xla_cpu.CODEGEN_FLAG}=1" in flags.split()
+  a, _, flags, _ = run(XLA_FLAGS=f"{xla_cpu.CODEGEN_FLAG}=4")
+  assert a == "False" and flags.split()[0] == f"{xla_cpu.CODEGEN_FLAG}=4"
+  assert xla_cpu.with_flag("--a=1", xla_cpu.CODEGEN_FLAG, "1") == f"--a=1 {xla_cpu.CODEGEN_FLAG}=1"

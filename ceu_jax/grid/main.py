@@ -53,6 +53,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, shard: str | None = 
   counts = {}
   if not aggregate_only and xla_cpu.one_thread_per_op():   # before JAX's backend starts
     log(f"[grid] XLA:CPU ops run on one thread per process ({xla_cpu.EIGEN_FLAG}=false)")
+  if not aggregate_only and xla_cpu.one_piece_codegen():
+    log(f"[grid] XLA:CPU compiles each program's code in one piece ({xla_cpu.CODEGEN_FLAG}=1)")
   workers.check_processes(processes)
   if aggregate_only:
     processes = 1
