@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ceu_jax import xla_cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,38 +52,29 @@ def test_one_thread_per_op_flag_added_once_and_the_users_choice_wins():
   assert xla_cpu.one_thread_per_op_flags(once) == once
 
 
-def test_one_thread_per_op_only_before_the_backend_starts():
+@pytest.mark.parametrize("fn, flag, value, users", [
+    ("one_thread_per_op", xla_cpu.EIGEN_FLAG, "false", "true"),
+    ("one_piece_codegen", xla_cpu.CODEGEN_FLAG, "1", "4")])
+def test_grid_setting_only_before_the_backend_starts(fn, flag, value, users):
   """Set before JAX's backend starts (children inherit it); after, left alone (a worker
   would otherwise differ from the process that started it); the user's value wins."""
   code = ("import os, ceu_jax, jax; from ceu_jax import xla_cpu; "
-          "a = xla_cpu.one_thread_per_op(); f = os.environ['XLA_FLAGS']; "
+          f"a = xla_cpu.{fn}(); f = os.environ['XLA_FLAGS']; "
           "jax.numpy.ones(2).block_until_ready(); os.environ['XLA_FLAGS'] = ''; "
-          "b = xla_cpu.one_thread_per_op(); print(a, b, f, os.environ['XLA_FLAGS'], sep='|')")
+          f"b = xla_cpu.{fn}(); print(a, b, f, os.environ['XLA_FLAGS'], sep='|')")
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
   run = lambda **extra: subprocess.run(
       [sys.executable, "-c", code], capture_output=True, text=True, check=True,
       env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **extra)).stdout.strip().split("|")
   a, b, flags, after = run()
   assert (a, b, after) == ("True", "False", "")
-  assert f"{xla_cpu.EIGEN_FLAG}=false" in flags
-  a, _, flags, _ = run(XLA_FLAGS=f"{xla_cpu.EIGEN_FLAG}=true")
-  assert a == "False" and flags.split()[0] == f"{xla_cpu.EIGEN_FLAG}=true"
+  assert f"{flag}={value}" in flags.split()
+  a, _, flags, _ = run(XLA_FLAGS=f"{flag}={users}")
+  assert a == "False" and flags.split()[0] == f"{flag}={users}"
 
 
-def test_one_piece_codegen_only_before_the_backend_starts():
-  """As `one_thread_per_op`: set before JAX's backend starts, left alone after; the
-  user's value wins."""
-  code = ("import os, ceu_jax, jax; from ceu_jax import xla_cpu; "
-          "a = xla_cpu.one_piece_codegen(); f = os.environ['XLA_FLAGS']; "
-          "jax.numpy.ones(2).block_until_ready(); os.environ['XLA_FLAGS'] = ''; "
-          "b = xla_cpu.one_piece_codegen(); print(a, b, f, os.environ['XLA_FLAGS'], sep='|')")
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
-  run = lambda **extra: subprocess.run(
-      [sys.executable, "-c", code], capture_output=True, text=True, check=True,
-      env=dict(env, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **extra)).stdout.strip().split("|")
-  a, b, flags, after = run()
-  assert (a, b, after) == ("True", "False", "")
-  assert f"{xla_cpu.CODEGEN_FLAG}=1" in flags.split()
-  a, _, flags, _ = run(XLA_FLAGS=f"{xla_cpu.CODEGEN_FLAG}=4")
-  assert a == "False" and flags.split()[0] == f"{xla_cpu.CODEGEN_FLAG}=4"
-  assert xla_cpu.with_flag("--a=1", xla_cpu.CODEGEN_FLAG, "1") == f"--a=1 {xla_cpu.CODEGEN_FLAG}=1"
+def test_with_flag_appends_once():
+  f = xla_cpu.CODEGEN_FLAG
+  assert xla_cpu.with_flag("--a=1", f, "1") == f"--a=1 {f}=1"
+  assert xla_cpu.with_flag(f"--a=1 {f}=1", f, "1") == f"--a=1 {f}=1"
+  assert xla_cpu.with_flag(f"{f}=4", f, "1") == f"{f}=4"
