@@ -95,10 +95,10 @@ CODEGEN_FLAG = "--xla_cpu_parallel_codegen_split_count"
 def one_piece_codegen() -> bool:
   """For the grid: each process generates a program's machine code in one piece
   (`CODEGEN_FLAG=1`) instead of splitting it over threads, for the reason above: the
-  other workers have the cores. Where the values come from does not change: cells 0, 5
-  and 6 of the smoke grid (attention, ssm, memory_port) gave their rows value for value
-  with and without it, and user time 107.7 → 95.1, 204.7 → 174.0, 98.8 → 100.8 s (one
-  process each, 2 cores, 2026-12-02). Applied like `one_thread_per_op`."""
+  other workers have the cores. It changes no value: the smoke grid's 18 cells came out
+  value for value as without it; cells 0, 5 and 6 (attention, ssm, memory_port), one
+  process each on 2 cores, took user 107.7 → 95.1, 204.7 → 174.0, 98.8 → 100.8 s
+  (2026-12-02). Applied like `one_thread_per_op`."""
   return _set_before_backend(CODEGEN_FLAG, "1")
 
 
