@@ -43,9 +43,9 @@ def _jaxlib_version() -> tuple[int, ...]:
 def ynn_off_flags(xla_flags: str, jaxlib_version: tuple[int, ...], env: str = "") -> str:
   """XLA_FLAGS with YNNPACK fusions switched off (see the module doc); unchanged when the
   user set the flag, when env == 'keep', or for jaxlib older than 0.10.1."""
-  if env == "keep" or YNN_FLAG in xla_flags or jaxlib_version < (0, 10, 1):
+  if env == "keep" or jaxlib_version < (0, 10, 1):
     return xla_flags
-  return f"{xla_flags} {YNN_FLAG}=".strip()
+  return with_flag(xla_flags, YNN_FLAG, "")
 
 
 def apply() -> None:
