@@ -7,7 +7,9 @@ over the workers and printed: totals, the modules and the functions that cost mo
 
 Seconds are the test processes' own (tracing, lowering, XLA compiling); a test's
 subprocesses are not counted. `programs` counts the programs requested from XLA, the
-persistent cache's hits among them (`cache_hits`).
+persistent cache's hits among them (`cache_hits`). With `pytest --program-census` beside
+`--compile-seconds`, also the programs each test process compiled more than once (one
+fingerprint twice: tests/program_census.py) and the requests by their CPU seconds.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def table(rows: dict, top: int, extra: str | None = None) -> list[str]:
 
 def report(path: str, top: int = 25) -> list[str]:
   module_files = [p for p in sorted(glob.glob(f"{glob.escape(path)}.*.json"))
-                  if not p.endswith(".functions.json")]
+                  if not p.endswith((".functions.json", ".census.json"))]
   function_files = sorted(glob.glob(f"{glob.escape(path)}.*.functions.json"))
   if not module_files:
     raise SystemExit(f"no {path}.<worker>.json: run pytest with --compile-seconds={path}")
@@ -64,6 +66,40 @@ def report(path: str, top: int = 25) -> list[str]:
   if functions:
     lines += ["", f"jitted functions (top {top}):"]
     lines += table(functions, top)
+  census_files = sorted(glob.glob(f"{glob.escape(path)}.*.census.json"))
+  if census_files:
+    lines += [""] + census(census_files, top)
+  return lines
+
+
+SIZES = ((0.0, 0.02), (0.02, 0.1), (0.1, 1.0), (1.0, float("inf")))   # CPU-s of a request
+
+
+def census(paths: list[str], top: int) -> list[str]:
+  """The programs requested from XLA by their CPU seconds, and those requested again in
+  the same process (one fingerprint seen before there): per module, top `top`."""
+  rows = []
+  for path in paths:                   # one file per process: repeats are counted within it
+    with open(path) as f:
+      rows += [(path, *r) for r in json.load(f)]
+  seen, again = set(), collections.defaultdict(lambda: [0, 0.0])
+  for path, module, _, key, secs in rows:
+    if (path, key) in seen:
+      again[module][0] += 1
+      again[module][1] += secs
+    seen.add((path, key))
+  n_again, s_again = sum(n for n, _ in again.values()), sum(s for _, s in again.values())
+  lines = [f"program census ({len(paths)} process(es)): {len(rows)} requests, "
+           f"{len(seen)} distinct programs, {sum(r[4] for r in rows):.1f} CPU-s; "
+           f"requested again in the same process: {n_again} ({s_again:.1f} CPU-s)"]
+  for lo, hi in SIZES:
+    part = [r[4] for r in rows if lo <= r[4] < hi]
+    span = f">= {lo:g} s" if hi == float("inf") else f"{lo:g}-{hi:g} s"
+    lines.append(f"  requests of {span:>9}: {len(part):5d}, {sum(part):8.1f} CPU-s")
+  if again:
+    lines += [f"requested again, by module (top {top}):", f"{'again':>7} {'CPU-s':>8}  module"]
+    lines += [f"{n:7d} {s:8.1f}  {m}" for m, (n, s) in
+              sorted(again.items(), key=lambda kv: (-kv[1][1], kv[0]))[:top]]
   return lines
 
 

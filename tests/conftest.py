@@ -44,6 +44,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
 from ceu_jax.data import atr, corruptions
 from ceu_jax.data.atr_config import ATRConfig
 from ceu_jax.data.types import RetrievalBatch
+from tests import program_census
 
 BATCH = 1024   # one batch size everywhere (also evalsets.CHUNK): one compile per config
 
@@ -224,6 +225,10 @@ def pytest_addoption(parser):
                         "of the subprocesses it waited for, and the wall seconds, to "
                         "PATH.<worker>.json: a profile that other load on the machine "
                         "inflates far less than wall time")
+  parser.addoption("--program-census", action="store_true",
+                   help="with --compile-seconds=PATH: a fingerprint of every program "
+                        "requested from XLA, per module, to PATH.<worker>.census.json "
+                        "(tests/program_census.py): programs compiled more than once")
 
 
 # jax.monitoring event -> short name, for --compile-seconds.
@@ -269,6 +274,10 @@ def pytest_configure(config):
   if config.getoption("--compile-seconds", default=None):
     jax.monitoring.register_event_duration_secs_listener(record_compile_event)
     jax.monitoring.register_event_listener(record_cache_hit)
+    if config.getoption("--program-census"):
+      program_census.install()
+  elif config.getoption("--program-census"):
+    raise pytest.UsageError("--program-census needs --compile-seconds=PATH (its files' path)")
 
 
 def _cpu_now() -> tuple[float, float, float]:
@@ -297,6 +306,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_runtest_setup(item):
   _current_module[0] = _module(item.nodeid)
+  program_census.set_module(_current_module[0])
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -341,6 +351,8 @@ def pytest_sessionfinish(session, exitstatus):
         _by_function.items(), key=lambda kv: -sum(kv[1].values()))}
     with open(f"{path}.{worker}.functions.json", "w") as f:
       json.dump(functions, f, indent=0)
+    if session.config.getoption("--program-census"):
+      program_census.write(f"{path}.{worker}.census.json")
   if (session.config.getoption("--write-module-seconds") and _measured
       and not os.environ.get("PYTEST_XDIST_WORKER")):
     data = {k: round(v, 1) for k, v in sorted(_measured.items(), key=lambda kv: -kv[1])}

@@ -8,6 +8,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from scripts import compile_seconds
@@ -73,3 +74,49 @@ def test_summary_refuses_a_path_without_files_and_a_bad_top(tmp_path):
     compile_seconds.main([str(tmp_path / "none")])
   with pytest.raises(SystemExit):
     compile_seconds.main([str(tmp_path / "none"), "--top", "0"])
+
+
+def test_census_fingerprints_a_program_defined_twice_alike(monkeypatch, request):
+  """--program-census: the same body jitted by two new wrappers is one fingerprint; another
+  shape, or the same program with most optimisations off, is another."""
+  from tests import program_census  # pylint: disable=g-import-not-at-top
+  rows: list = []
+  monkeypatch.setattr(program_census, "ROWS", rows)
+  monkeypatch.setattr(program_census, "_CURRENT", ["here.py"])
+  installed = bool(request.config.getoption("--program-census"))   # this run's already
+  if not installed:
+    program_census.install()
+  try:
+    x = np.arange(11.0, dtype=np.float32)      # numpy: no program of its own
+    for arg in (x, x, np.arange(12.0, dtype=np.float32)):
+      jax.jit(lambda v: jnp.cos(v) * 5.0 - 13.0)(arg).block_until_ready()
+    with conftest.fast_compile():
+      jax.jit(lambda v: jnp.cos(v) * 5.0 - 13.0)(x).block_until_ready()
+  finally:
+    if not installed:
+      program_census.uninstall()
+  assert [r[0] for r in rows] == ["here.py"] * 4 and {r[1] for r in rows} == {"jit__lambda"}
+  keys = [r[2] for r in rows]
+  assert keys[0] == keys[1] and len(set(keys)) == 3, keys
+  assert all(r[3] >= 0 for r in rows)
+
+
+def test_census_summary_counts_repeats_within_a_process(tmp_path, capsys):
+  path = str(tmp_path / "cs")
+  with open(f"{path}.gw0.json", "w") as f:
+    json.dump({"test_a.py": {"compile": 1.0, "programs": 4, "measured": 2.0}}, f)
+  census = {"gw0": [["test_a.py", "jit_f", "k1", 1.5], ["test_a.py", "jit_f", "k1", 1.25],
+                    ["test_b.py", "jit_g", "k2", 0.01], ["test_b.py", "jit_f", "k1", 0.5]],
+            "gw1": [["test_c.py", "jit_f", "k1", 0.05]]}     # another process: not a repeat
+  for worker, rows in census.items():
+    with open(f"{path}.{worker}.census.json", "w") as f:
+      json.dump(rows, f)
+  assert compile_seconds.main([path]) == 0
+  out = capsys.readouterr().out.splitlines()
+  i = out.index("program census (2 process(es)): 5 requests, 3 distinct programs, 3.3 CPU-s; "
+                "requested again in the same process: 2 (1.8 CPU-s)")
+  assert out[i + 1:i + 5] == ["  requests of  0-0.02 s:     1,      0.0 CPU-s",
+                              "  requests of 0.02-0.1 s:     1,      0.1 CPU-s",
+                              "  requests of   0.1-1 s:     1,      0.5 CPU-s",
+                              "  requests of    >= 1 s:     2,      2.8 CPU-s"]
+  assert out[i + 7:] == ["      1      1.2  test_a.py", "      1      0.5  test_b.py"]
