@@ -426,6 +426,18 @@ def test_first_layers_equal_the_whole_models_first_layers():
                {k: whole[1]['params'][k] for k in small[1]['params']})
 
 
+def test_model_and_tokenizer_as_a_config_names_them():
+  """`load_model_and_tokenizer(gguf_path, n_layers)`, the loader the fine-tune tasks share:
+  '' is the installed file and 0 every layer, as in their configs; the cached copies."""
+  from ceu_jax import pretrained as P  # pylint: disable=g-import-not-at-top
+  mc, variables, tok = P.load_model_and_tokenizer('', 2)
+  small = P.load_smollm2(n_layers=2)
+  assert mc == small[0] and variables is small[1]
+  assert tok.to_str() == P.load_tokenizer().to_str()
+  whole = P.load_model_and_tokenizer(P.default_gguf_path(), 0)
+  assert whole[0].n_layers == 30 and whole[1] is P.load_smollm2()[1]
+
+
 def test_unembed_equals_the_plain_product_values_and_gradients():
   """`model.unembed` (table · xᵀ, transposed; the fast layout on XLA:CPU) against x · tableᵀ,
   float32 to 1e-5, and its gradients with respect to both."""

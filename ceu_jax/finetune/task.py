@@ -409,10 +409,9 @@ class SmolLM2CERTask(lora_lib.AdapterTask):
     config = audit_config.upgrade(config)
     validate(config)
     if load is None:
-      from ceu_jax.pretrained import load_smollm2, load_tokenizer
-      path = config.model.gguf_path or None
-      mc, variables = load_smollm2(path, n_layers=int(config.model.n_layers) or None)
-      tok = load_tokenizer(path)
+      from ceu_jax.pretrained import load_model_and_tokenizer
+      mc, variables, tok = load_model_and_tokenizer(config.model.gguf_path,
+                                                    config.model.n_layers)
     else:
       mc, variables, tok = load()
     lora_lib.check_layer(config.model.read_layer, mc, 'model.read_layer')

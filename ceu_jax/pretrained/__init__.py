@@ -24,5 +24,13 @@ __all__ = [
     'answer_loglik', 'answer_positions', 'engine_inputs', 'engine_loglik_fn',
     'fast_patch_audit', 'forward_logits', 'greedy_generate', 'read_port_sites',
     'reference_audit', 'tail_loglik', 'PAD_ID', 'EncodedBatch', 'char_span_mask',
-    'encode', 'encode_batch', 'format_prompt', 'load_tokenizer',
+    'encode', 'encode_batch', 'format_prompt', 'load_tokenizer', 'load_model_and_tokenizer',
 ]
+
+
+def load_model_and_tokenizer(gguf_path: str = '', n_layers: int = 0):
+  """(model config, variables, tokenizer) of SmolLM2 as a config's model section names it:
+  `gguf_path` '' is the installed file, `n_layers` 0 every layer (both cached per path)."""
+  path = str(gguf_path) or None
+  config, variables = load_smollm2(path, n_layers=int(n_layers) or None)
+  return config, variables, load_tokenizer(path)

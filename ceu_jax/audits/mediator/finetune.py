@@ -211,9 +211,9 @@ class SmolLM2ChecklistTask(reader_finetune.TargetLoss, lora_lib.AdapterTask):
     validate(config)
     path = config.model.gguf_path or None
     if load is None:
-      from ceu_jax.pretrained import load_smollm2, load_tokenizer
-      mc, variables = load_smollm2(path, n_layers=int(config.model.n_layers) or None)
-      tok = load_tokenizer(path)
+      from ceu_jax.pretrained import load_model_and_tokenizer
+      mc, variables, tok = load_model_and_tokenizer(config.model.gguf_path,
+                                                    config.model.n_layers)
     else:
       mc, variables, tok = load()
     text = gguf_chat_template(path)

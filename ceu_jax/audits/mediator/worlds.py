@@ -256,13 +256,12 @@ class SmolLM2World(_World):
       run = self._run(name, tool)
       return run['params'], run['task'].model_config, run['task'].tokenizer, run['task'].template
     if self._base is None:   # the prompted model, loaded once for every prompted setting
-      from ceu_jax.pretrained import load_smollm2, load_tokenizer
+      from ceu_jax.pretrained import load_model_and_tokenizer
       from ceu_jax.readers.chat import ChatTemplate, gguf_chat_template
       b = self.config.smollm2
-      path = str(b.gguf_path) or None
-      mc, variables = load_smollm2(path, n_layers=int(b.n_layers) or None)
-      text = gguf_chat_template(path)
-      self._base = (variables['params'], mc, load_tokenizer(path),
+      mc, variables, tok = load_model_and_tokenizer(b.gguf_path, b.n_layers)
+      text = gguf_chat_template(str(b.gguf_path) or None)
+      self._base = (variables['params'], mc, tok,
                     None if text is None else ChatTemplate.from_template(text))
     return self._base
 

@@ -296,10 +296,9 @@ class SmolLM2TraceTask(reader_finetune.TargetLoss, lora_lib.AdapterTask):
     """Validates, loads the GGUF model (or `load()` -> (model_config, variables, tok))."""
     validate(config)
     if load is None:
-      from ceu_jax.pretrained import load_smollm2, load_tokenizer
-      path = config.model.gguf_path or None
-      mc, variables = load_smollm2(path, n_layers=int(config.model.n_layers) or None)
-      tok = load_tokenizer(path)
+      from ceu_jax.pretrained import load_model_and_tokenizer
+      mc, variables, tok = load_model_and_tokenizer(config.model.gguf_path,
+                                                    config.model.n_layers)
     else:
       mc, variables, tok = load()
     return cls(config, mc, variables['params'], tok, domain(config), excluded(config))

@@ -184,10 +184,9 @@ class SmolLM2World:
     if name != PLAIN:
       run = self._run(name)
       return run['params'], run['task'].model_config, run['task'].tokenizer
-    from ceu_jax.pretrained import load_smollm2, load_tokenizer
-    path = str(self.s.gguf_path) or None
-    mc, variables = load_smollm2(path, n_layers=int(self.s.n_layers) or None)
-    return variables['params'], mc, load_tokenizer(path)
+    from ceu_jax.pretrained import load_model_and_tokenizer
+    mc, variables, tok = load_model_and_tokenizer(self.s.gguf_path, self.s.n_layers)
+    return variables['params'], mc, tok
 
   def describe(self) -> str:
     ft = ('' if not self.finetuned else
