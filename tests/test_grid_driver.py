@@ -227,7 +227,10 @@ def _report_cell(config, d):
     rows.append({"condition": cond, "delta_test": dt, "eta_test": 0.0, "n_test": 128,
                  "em": em - dt / 3, "em_lo": em - dt / 3 - 0.05, "em_hi": em - dt / 3 + 0.05,
                  "em_n": 100, "ceu_ev": em, "ceu_ev_lo": em - 0.1, "ceu_ev_hi": em + 0.1,
-                 "ceu_ev_n": 90 - int(10 * dt), "supported_0.5": em / 2})
+                 "ceu_ev_n": 90 - int(10 * dt), "supported_0.5": em / 2,
+                 # over every example with the evidence, degenerate gaps as 0 (SPEC §5a)
+                 "ceu_ev_fixed": 0.8 * em, "ceu_ev_fixed_lo": 0.8 * em - 0.05,
+                 "ceu_ev_fixed_hi": 0.8 * em + 0.05, "ceu_ev_fixed_n": 95})
   return {"rows": rows}
 
 
@@ -249,9 +252,12 @@ def test_report_writes_plots_and_table(tmp_path):
   results, _ = runner.load_results(str(tmp_path))
   path = report.write_report(str(tmp_path), rows, results, failures, config=c)
   text = open(path).read()
-  # Every CEU mean with its n (non-degenerate examples) beside it.
+  # Every CEU mean with its n beside it: CEU_ev over the non-degenerate examples, and
+  # beside it over every example with the evidence, degenerate gaps as 0 (SPEC §5a).
+  assert "| em | ceu_ev (n) | ceu_ev_fixed (n) | ceu_dis (n) | supported_0.5 |" in text
   assert "| attention | evidence | 1.0 | 0.6 | 2 | 100 | 0.650 [0.600, 0.700] | " \
-         "0.750 [0.650, 0.850] (n=87) | – | 0.375 |" in text
+         "0.750 [0.650, 0.850] (n=87) | 0.600 [0.550, 0.650] (n=95) | – | 0.375 |" in text
+  assert "a degenerate gap counted as 0 (SPEC §5a)" in text
   assert "| attention | evidence | delta=0.9 | 100 |" in text and "(n=81)" in text
   # It opens with what was run.
   head = text.split("## Summary")[0]
