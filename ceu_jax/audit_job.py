@@ -33,7 +33,7 @@ from ceu_jax import sharding as sharding_lib
 from ceu_jax import workdir as workdir_lib
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.auditor import (AuditedModel, Auditor, AuditSettings, Rows, audited_model,
-                             eval_set)
+                             concat_rows, eval_set)
 from ceu_jax.data import evalsets
 from ceu_jax.engine import placement
 from ceu_jax.engine.probes import DIS
@@ -93,7 +93,7 @@ class AuditJob(jobs.Job):
     out = {}
     for c in self.data.corruptions:
       got = [results[u.key] for u in self.plan(None) if u.spec[0] == c]
-      out[c] = {k: np.concatenate([g[k] for g in got]) for k in got[0]}
+      out[c] = concat_rows(got)
     return out
 
   def summarize(self, ctx, results):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import zlib
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -43,7 +43,7 @@ from ceu_jax.engine import placement
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.data import evalsets, tasks
 from ceu_jax.data.types import RetrievalBatch
-from ceu_jax.likelihood import answer_correct
+from ceu_jax.likelihood import answer_confidence, answer_correct
 
 PROBE_SALT = 0x0A0D17   # probe keys: fold_in(fold_in(PRNGKey(seed), SALT), crc32(corruption))
 Rows = dict[str, np.ndarray]
@@ -164,18 +164,30 @@ def eval_set(config: Any, *, data_cfg: Any = None,
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
 def _probes_and_correct(model, variables, clean: RetrievalBatch, corrupt: RetrievalBatch,
                         key: jax.Array, k: int, host_sharding=None):
-  """(probes [K, B, N], dis_found [B], correct [B]); the last two laid out by
-  `host_sharding` (replicated on a mesh: every process reads them)."""
+  """(probes [K, B, N], dis_found [B], correct [B], confidence [B]: the probability of
+  the teacher-forced argmax answer); the last three laid out by `host_sharding`
+  (replicated on a mesh: every process reads them)."""
   probes, dis_found = adapter.probe_set(clean, corrupt, key, k)
-  correct = answer_correct(model.apply(variables, *clean.model_inputs()), clean.answer)
+  logits = model.apply(variables, *clean.model_inputs())
+  correct = answer_correct(logits, clean.answer)
+  confidence = answer_confidence(logits, clean.answer)
   if host_sharding is not None:
-    dis_found, correct = jax.lax.with_sharding_constraint((dis_found, correct), host_sharding)
-  return probes, dis_found, correct
+    dis_found, correct, confidence = jax.lax.with_sharding_constraint(
+        (dis_found, correct, confidence), host_sharding)
+  return probes, dis_found, correct, confidence
 
 
 # Several processes start these programs together (ceu_jax.multihost).
 _probes_and_correct_synced = multihost.Synced(_probes_and_correct, "auditor.probes")
 _audit_synced = multihost.Synced(engine.audit, "engine.audit", lower=engine.audit_lowered)
+
+
+def concat_rows(parts: Sequence[Rows]) -> Rows:
+  """Batches' rows joined, in order; a column only where every batch has it (a resumed
+  audit's batches from an earlier version of the code may lack a newer column, e.g.
+  `confidence`: the summary then leaves that section out rather than mixing)."""
+  keys = [k for k in parts[0] if all(k in p for p in parts[1:])]
+  return {k: np.concatenate([p[k] for p in parts]) for k in keys}
 
 
 class Auditor:
@@ -203,14 +215,14 @@ class Auditor:
       clean = placement.place_batch(clean, bs, "clean")
       corrupt = placement.place_batch(corrupt, bs, "corrupt")
       variables = placement.place_variables(variables, bs)
-    probes, dis_found, correct = _probes_and_correct_synced(
+    probes, dis_found, correct, confidence = _probes_and_correct_synced(
         b.model, variables, clean, corrupt, self.probe_key(corruption), len(adapter.PROBES),
         None if bs is None else placement.replicated(bs))
     res = _audit_synced(b.loglik_fn, variables, clean=adapter.ModelInputs.of(clean),
                        corrupt=adapter.ModelInputs.of(corrupt), site=b.site, probes=probes,
                        chunk_size=s.probe_chunk, eps=s.eps, allow_approximate=b.approximate,
                        batch_sharding=bs)
-    rows = dict(example_id=host.example_id, correct=correct,
+    rows = dict(example_id=host.example_id, correct=correct, confidence=confidence,
                 has_evidence=host.has_evidence, dis_found=dis_found, L_plus=res.L_plus,
                 L_minus=res.L_minus, delta_L=res.delta_L, degenerate=res.degenerate)
     for name in adapter.PROBES:
@@ -245,7 +257,7 @@ class Auditor:
         if log is not None and (done == n or prog.elapsed() - last_line >= log_every_s):
           last_line = prog.elapsed()
           log(f"[audit] {corruption}: {done}/{n} examples audited ({prog.line()})")
-      out[corruption] = {k: np.concatenate([g[k] for g in got]) for k in got[0]}
+      out[corruption] = concat_rows(got)
     return out
 
   def summarize(self, rows: Mapping[str, Rows]) -> dict[str, dict]:

@@ -27,3 +27,14 @@ def answer_correct(logits: jax.Array, answer: jax.Array) -> jax.Array:
   """[B] bool: the teacher-forced argmax equals y* at every real answer token."""
   hit = (jnp.argmax(logits, axis=-1) == answer) | (answer == PAD)
   return jnp.all(hit, axis=-1)
+
+
+def answer_confidence(logits: jax.Array, answer: jax.Array) -> jax.Array:
+  """[B] the model's confidence in its teacher-forced argmax answer, for ECE and the
+  Brier score (SPEC §5): exp(Σ_i max_v log p_i(v)) over the answer's real tokens. For a
+  one-token answer, the top-1 probability; for longer ones, the probability of the greedy
+  decode whenever that decode is correct (the later factors are conditioned on the gold
+  prefix; `metrics.calibration.teacher_forced_confidence` is the float64 reference)."""
+  logits = logits.astype(jnp.float32)
+  top_logp = -jax.nn.logsumexp(logits - logits.max(axis=-1, keepdims=True), axis=-1)
+  return jnp.exp(jnp.where(answer != PAD, top_logp, 0.0).sum(axis=-1))

@@ -133,6 +133,48 @@ def test_grid_cell_rows_per_condition(trained):
   for r in rows:
     assert 0.0 <= r["em"] <= 1.0 and r["em_n"] == 16
     assert r["em_lo"] <= r["em"] <= r["em_hi"]
+    # SPEC §5's calibration of the answer's probability, with its CI and n
+    assert 0.0 <= r["ece_lo"] <= r["ece"] <= r["ece_hi"] <= 1.0 and r["ece_n"] == 16
+    assert 0.0 <= r["brier_lo"] <= r["brier"] <= r["brier_hi"] <= 1.0 and r["brier_n"] == 16
+
+
+def test_confidence_ece_and_brier_of_the_audit_equal_a_numpy_reference(trained):
+  """SPEC §5: each audited example's confidence is the probability of its teacher-forced
+  argmax answer (float64 numpy reference `teacher_forced_confidence` of the model's
+  logits, 1e-5); the summary's ECE and Brier score are those of (confidence, EM)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from ceu_jax import auditor as auditor_lib  # pylint: disable=g-import-not-at-top
+  from ceu_jax.metrics import calibration  # pylint: disable=g-import-not-at-top
+  config, workdir = trained
+  variables = load_trained_params(config, workdir)
+  bundle, data = auditor_lib.audited_model(config), auditor_lib.eval_set(config)
+  auditor = auditor_lib.Auditor(bundle, auditor_lib.AuditSettings.of_config(config))
+  rows = auditor.rows(variables, data)
+  logits = np.asarray(bundle.model.apply(variables, *data.clean.model_inputs()))
+  want = calibration.teacher_forced_confidence(logits, np.asarray(data.clean.answer))
+  for corruption, r in rows.items():
+    np.testing.assert_allclose(r["confidence"], want, rtol=1e-5, atol=1e-6, err_msg=corruption)
+    got = auditor.summarize({corruption: r})[corruption]["calibration"]
+    conf, correct = r["confidence"].astype(np.float64), r["correct"]
+    assert got["ece"]["value"] == pytest.approx(calibration.ece(conf, correct), abs=1e-9)
+    assert got["brier_binary"]["value"] == pytest.approx(
+        float(np.mean((conf - correct) ** 2)), abs=1e-9)
+    assert got["ece"]["n"] == got["brier_binary"]["n"] == 16
+  assert 0.0 < want.min() and want.max() <= 1.0
+
+
+def test_batches_rows_join_only_the_columns_every_batch_has():
+  """A resumed audit may hold batches of an earlier version of the code without a newer
+  column: it is left out, not mixed (`auditor.concat_rows`)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from ceu_jax.auditor import concat_rows  # pylint: disable=g-import-not-at-top
+  old = {"example_id": np.arange(2), "correct": np.array([True, False])}
+  new = {"example_id": np.arange(2, 4), "correct": np.array([False, False]),
+         "confidence": np.array([0.2, 0.9])}
+  joined = concat_rows([old, new])
+  assert list(joined) == ["example_id", "correct"]
+  np.testing.assert_array_equal(joined["example_id"], [0, 1, 2, 3])
+  assert set(concat_rows([new, new])) == set(new)
 
 
 @pytest.mark.slow

@@ -107,6 +107,9 @@ def row_from_summary(s: dict) -> dict:
   row = {"n_examples": s["n"], "n_degenerate": s["n_degenerate"]}
   row.update(_agg(s.get("accuracy", {}).get("em"), "em"))
   row.update(_agg(s.get("nll"), "nll"))
+  # calibration of the teacher-forced argmax answer's probability (SPEC §5)
+  row.update(_agg(s.get("calibration", {}).get("ece"), "ece"))
+  row.update(_agg(s.get("calibration", {}).get("brier_binary"), "brier"))
   for probe in adapter.PROBES:
     c = s.get("ceu", {}).get(probe, {})
     row.update(_agg(c.get("all", {}).get("mean"), f"ceu_{probe}"))
