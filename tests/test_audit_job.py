@@ -132,6 +132,7 @@ def test_grid_cell_rows_per_condition(trained):
   assert rows[2]["n_test"] == 128 and rows[1]["delta_test"] == 0.9
   for r in rows:
     assert 0.0 <= r["em"] <= 1.0 and r["em_n"] == 16
+    assert r["approximate_span"] is (c.model.family == "memory_port")   # SPEC §2
     assert r["em_lo"] <= r["em"] <= r["em_hi"]
     # SPEC §5's calibration of the answer's probability, with its CI and n
     assert 0.0 <= r["ece_lo"] <= r["ece"] <= r["ece_hi"] <= 1.0 and r["ece_n"] == 16

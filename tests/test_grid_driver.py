@@ -263,6 +263,15 @@ def test_report_writes_plots_and_table(tmp_path):
   head = text.split("## Summary")[0]
   assert "## What was run" in head and "6 cells" in head and "seed 0" in head
   assert "Test conditions (3): clean, delta=0.6, delta=0.9" in head
+  # SPEC §2: memory_port's span CEUs are approximate, and the report says so (these rows
+  # carry no flag, as a cell of an earlier version: the family's decomposition decides).
+  assert ("**Approximate span CEU** (SPEC §2): the read port of memory_port restricts"
+          in head)
+  flagged = lambda v: report._approximate({"model.family": "memory_port",   # noqa: E731
+                                           "approximate_span": v})
+  assert flagged(True) and flagged("True") and not flagged(False) and not flagged("False")
+  assert not report._approximate({"model.family": "attention"})
+  assert report._approximate({"model.family": "memory_port", "approximate_span": ""})
   for stem in ("em_ceu_vs_delta", "pareto_em_supported"):
     for ext in ("png", "pdf"):
       assert (tmp_path / "plots" / f"{stem}.{ext}").stat().st_size > 1000

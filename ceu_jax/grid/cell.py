@@ -133,9 +133,13 @@ def run_cell(config: ml_collections.ConfigDict, cell_dir: str, *,
   params = load_fn(config, train_dir)
   rows = []
   settings = auditor_lib.AuditSettings.of_config(config)
+  bundle = auditor_lib.audited_model(config)
+  if bundle.approximate:     # SPEC §2: say so in the output (every row, the cell's summary)
+    log(f"[cell] the read port {bundle.site} has an approximate span decomposition: "
+        "span CEU values are approximate")
   # On the training run's mesh: the 'clean' condition runs the very programs the run's
   # final evaluation compiled, and the shifted conditions of the same shapes reuse them.
-  with audit_job.on_mesh(config, auditor_lib.audited_model(config), params) as (placed, bs):
+  with audit_job.on_mesh(config, bundle, params) as (placed, bs):
     for name, data_cfg in test_conditions(config):
       log(f"[cell] auditing condition {name}")
       ex = audit_condition(config, placed, data_cfg, batch_sharding=bs)
@@ -143,9 +147,11 @@ def run_cell(config: ml_collections.ConfigDict, cell_dir: str, *,
       if name == "clean":
         audit_job.write_outputs(os.path.join(cell_dir, "audit"),
                                 {grid_corruption(config): ex},
-                                {grid_corruption(config): summary}, {"condition": name})
+                                {grid_corruption(config): summary},
+                                {"condition": name, "approximate_span": bundle.approximate})
       rows.append({"condition": name, "eta_test": data_cfg.eta,
-                   "delta_test": data_cfg.delta, "n_test": data_cfg.context_len, **metrics})
+                   "delta_test": data_cfg.delta, "n_test": data_cfg.context_len,
+                   "approximate_span": bundle.approximate, **metrics})
   return {"rows": rows, "train": _jsonable(train_summary)}
 
 

@@ -170,6 +170,19 @@ def _conditions(rows: Sequence[dict]) -> list[str]:
   return names
 
 
+def _approximate(row: dict) -> bool:
+  """The row's span CEUs are approximate: its `approximate_span` flag (True, or 'True' as
+  results.csv holds it); for a cell of an earlier version of the code without the flag,
+  the family's span decomposition (SPEC §2)."""
+  v = row.get("approximate_span")
+  if v is None or v == "":
+    import architectures  # pylint: disable=g-import-not-at-top
+    family = row.get(FAMILY)
+    return (family in architectures.FAMILIES
+            and architectures.span_decomposition(family) != "exact")
+  return v is True or str(v) == "True"
+
+
 def what_was_run(rows: Sequence[dict], results: Sequence[dict], config=None) -> list[str]:
   """The report's opening: cells, steps, seeds, training data, test conditions and
   which test set every number comes from."""
@@ -191,6 +204,11 @@ def what_was_run(rows: Sequence[dict], results: Sequence[dict], config=None) -> 
                + ("every cell's training completed." if not partial else
                   f"**{len(partial)} cells did not complete training**: " + "; ".join(
                       f"{r['cell_id']} ({r['train_run'].get('warning')})" for r in partial)))
+  approx = sorted({str(r.get(FAMILY)) for r in rows if _approximate(r)})
+  if approx:
+    out.append(f"- **Approximate span CEU** (SPEC §2): the read port of {', '.join(approx)} "
+               "restricts a span through its slot encoder, so its ceu_ev, ceu_dis and "
+               "ceu_control are approximate (its port-restricted patches are exact).")
   conds = _conditions(rows)
   out.append(f"- Test conditions ({len(conds)}): {', '.join(map(str, conds))} — 'clean' is "
              "the training distribution, each other condition shifts one knob (δ, n or η).")
