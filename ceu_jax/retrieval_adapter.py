@@ -101,13 +101,19 @@ def distractor_line_mask(clean: RetrievalBatch, corrupt: RetrievalBatch,
   return (clean.line_ids == chosen[:, None]) & exists[:, None]
 
 
-def control_mask(clean: RetrievalBatch, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+def control_mask(clean: RetrievalBatch, corrupt: RetrievalBatch,
+                 keys: jax.Array) -> tuple[jax.Array, jax.Array]:
   """([B, N] control span, [B] contiguous): `engine.control_span` per example with
-  its own key, inside the context's lines."""
+  its own key, inside the context's lines and off the tokens the corruption changed (as
+  the distractor's line): a control that restored part of D+ − D− would not measure
+  ≈ 0 by construction. Where the corruption changes only evidence tokens (value swap)
+  the candidates, and so the draws, are those of the lines alone."""
+  cand = (clean.line_ids >= 0) & ~corrupt.changed_mask.astype(bool)
+
   def one(ev, cand, k):
     mask, contiguous = engine.control_span(ev[None], k, cand[None])
     return mask[0], contiguous[0]
-  return jax.vmap(one)(clean.evidence_mask, clean.line_ids >= 0, keys)
+  return jax.vmap(one)(clean.evidence_mask, cand, keys)
 
 
 def probe_set(clean: RetrievalBatch, corrupt: RetrievalBatch, key: jax.Array,
@@ -125,7 +131,7 @@ def probe_set(clean: RetrievalBatch, corrupt: RetrievalBatch, key: jax.Array,
     masks.append(dis)
   if k >= 3:
     masks.append(control_mask(
-        clean, example_keys(jax.random.fold_in(key, 2), clean.example_id))[0])
+        clean, corrupt, example_keys(jax.random.fold_in(key, 2), clean.example_id))[0])
   return engine.span_probes(jnp.stack(masks), names=PROBES[:k]), dis.any(-1)
 
 
