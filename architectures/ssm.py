@@ -432,11 +432,15 @@ class SSMRetrieval(ReadPort):
     self.out_proj = layers.dense(s.embed_dim, ("mlp", "embed"), "out", s.compute_dtype)
 
   def read_gates(self, memory: ContextMemory) -> Gates:
-    """The read recurrence's gate factors (query-aware; restarts at passage starts)."""
+    """The read recurrence's gate factors (query-aware; restarts at passage starts).
+    PAD tokens put nothing into the slots (x_j = 0 there, their gates kept), as the
+    attention read gives them no weight: h_T is the sum over the real tokens, so Π_S with
+    S = every real token is h_T exactly (SPEC §1's identity on padded contexts)."""
     u = memory.encoded.astype(jnp.float32)
     film = 1.0 + self.film(memory.query_summary)                          # [b,e]
     sel = nn.silu(self.sel_proj(u * film[:, None, :]))                   # [b,n,c]
-    gates = self.gates(sel, self.x_proj(u))
+    x = self.x_proj(u) * memory.ctx_mask[..., None].astype(jnp.float32)  # [b,n,c]
+    gates = self.gates(sel, x)
     if self.spec.ssm_reset_at_passages:
       gates = gates.with_restarts(passage_starts(memory.passage_ids))
     return gates
