@@ -228,7 +228,7 @@ class SSMEncoder(nn.Module):
     q_len = query.shape[1]
     return {"encoded": layers.constrain(x[:, q_len:], ("batch", "ctx", "embed")),
             "query_summary": layers.masked_mean(x[:, :q_len], query != 0),
-            "passage_ids": passage_ids}
+            "passage_ids": passage_ids, "ctx_mask": context != 0}
 
 
 class SSMRetrieval(nn.Module):
@@ -252,7 +252,11 @@ class SSMRetrieval(nn.Module):
     u = enc.astype(jnp.float32)
     film = 1.0 + self.film(memory["query_summary"])
     sel = nn.silu(self.sel_proj(u * film[:, None, :]))
-    a, bx = self.gates(sel, self.x_proj(u)).expand()   # SelectiveGates returns factors now
+    # The one change to the frozen model since the refactor (48619b3): PAD tokens put
+    # nothing into the read port's slots (x_j = 0 there, gates kept; SPEC §1 on padded
+    # contexts), as `architectures.ssm.SSMRetrieval.read_gates` does.
+    x_in = self.x_proj(u) * memory["ctx_mask"][..., None].astype(jnp.float32)
+    a, bx = self.gates(sel, x_in).expand()   # SelectiveGates returns factors now
     if s.ssm_reset_at_passages:
       a = a * (1.0 - ssm_lib.passage_starts(memory["passage_ids"]))[..., None, None]
     states = ssm_lib.slot_contributions(a, bx, memory["passage_ids"], s.num_passages,

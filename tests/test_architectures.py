@@ -56,14 +56,19 @@ def models():
 
 # 1. Parameter match -----------------------------------------------------------
 
-def test_presets_parameter_matched_within_3_percent():
-  table = architectures.param_table()  # reference ATR sizes
+@pytest.mark.parametrize("setting", [{}, {"retrieval_layers": "all"}, {"bypass": True},
+                                     {"retrieval_layers": "all", "bypass": True}])
+def test_presets_parameter_matched_within_3_percent(setting):
+  """SPEC §2: at every preset, with the read port at the last reader layer or at every
+  one (`spec.ALL_LAYERS_WIDTHS`), with or without the bypass."""
+  table = architectures.param_table(**setting)  # reference ATR sizes
   targets = {"p100k": 1e5, "p400k": 4e5, "p1500k": 1.5e6}
   for preset, counts in table.items():
     ref = counts["attention"]
     for family, n in counts.items():
-      assert abs(n - ref) <= 0.03 * ref, (preset, family, n, ref)
-    assert abs(ref - targets[preset]) <= 0.1 * targets[preset], (preset, ref)
+      assert abs(n - ref) <= 0.03 * ref, (setting, preset, family, n, ref)
+    if not setting:
+      assert abs(ref - targets[preset]) <= 0.1 * targets[preset], (preset, ref)
 
 
 # 2. Reference tests -----------------------------------------------------------
