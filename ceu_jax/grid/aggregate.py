@@ -31,8 +31,8 @@ from ceu_jax.metrics.resampling import Aggregate
 # gets, as <metric>_<stratum> columns.
 STRATA = ("memorised", "evidence_only", "no_evidence")
 STRATUM_METRICS = ("em", "ceu_ev", "supported_0.5", "degenerate")
-METRICS = ("em", "nll", "ece", "brier", "ceu_ev", "ceu_dis", "ceu_control", "ceu_ev_fixed", "ceu_dis_fixed",
-           "ceu_control_fixed", "delta_L", "delta_ev", "delta_dis",
+METRICS = ("em", "nll", "ece", "brier", "ceu_ev", "ceu_dis", "ceu_control", "ceu_ev_fixed",
+           "ceu_dis_fixed", "ceu_control_fixed", "delta_L", "delta_ev", "delta_dis",
            "supported_0.25", "supported_0.5", "supported_0.75", "degenerate") + tuple(
                f"{m}_{s}" for s in STRATA for m in STRATUM_METRICS)
 CONDITION_FIELDS = ("condition", "eta_test", "delta_test", "n_test")

@@ -35,7 +35,8 @@ TABLE_METRICS = ("em", "ceu_ev", "ceu_ev_fixed", "ceu_dis", "supported_0.5")
 def summary_table(rows: Sequence[dict], extra: Sequence[str] = ()) -> str:
   """Markdown table, clean condition: per architecture, baseline vs CER cells (and the
   `extra` fields, e.g. other swept fields and the seed). Every CEU mean shows n, the
-  non-degenerate examples (with evidence, gap ≥ ε) behind it."""
+  non-degenerate examples (with evidence, gap ≥ ε) behind it (for ceu_ev_fixed, every
+  example with the evidence)."""
   metrics = TABLE_METRICS
   head = ("| architecture | regulariser | λ_ev | α | k | "
           + "".join(f"{k.split('.')[-1]} | " for k in extra) + "examples | "
