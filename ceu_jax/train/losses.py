@@ -7,10 +7,11 @@ Per example (B rows):
   ℓ_noret = [log p(y* | q, ∅) − β_0]_+ with ∅ the all-[PAD] context
 and the batch loss is the mean over the B rows. CEU in the loss is the
 *unclipped* score (L_int − L−) / (L+ − L−) so that gradients flow; the clipped
-engine CEU (denominator max(gap, ε)) is reported in the metrics. CER and swap
-terms apply only to rows whose D+ holds the evidence and whose gap
-L+ − L− ≥ ε (others are degenerate: their CEU is undefined, SPEC §1); their
-share is the metric `cer_valid_frac`. The distractor term uses [CEU_dis]_+ so
+engine CEU (denominator max(gap, ε)) is reported in the metrics. The CER terms
+apply only to rows whose D+ holds the evidence and whose gap L+ − L− ≥ ε (others
+are degenerate: their CEU is undefined, SPEC §1); their share is the metric
+`cer_valid_frac`. The swap term applies to every row whose D+ holds the evidence,
+a degenerate one included: a gap below the margin is what the hinge pushes up. The distractor term uses [CEU_dis]_+ so
 that a negative CEU_dis earns nothing.
 
 Conditioning (`cer.gap_floor`, γ₀): a CEU ratio with a gap just above ε turns
