@@ -210,3 +210,24 @@ def test_read_only_load_skips_a_corrupt_step_and_leaves_it(attention_run, tmp_pa
   assert not os.path.exists(os.path.join(workdir, "corrupt_checkpoints"))
   with pytest.raises(ckpt_lib.CheckpointError, match="no checkpoint"):
     load_checkpoint(config, str(tmp_path / "empty"))
+
+
+def test_a_layout_mismatch_names_the_code_that_wrote_the_run(tmp_path):
+  """With the same config a checkpoint's arrays can differ because the code changed (a
+  preset's widths): the refusal names the commit the run's provenance records, which
+  loads it, when it is not this code's; nothing when it is, or when none is known."""
+  from ceu_jax import code_version  # pylint: disable=g-import-not-at-top
+  from ceu_jax import io as ceu_io  # pylint: disable=g-import-not-at-top
+  here = code_version.code_version()
+  if not here.get("commit"):
+    pytest.skip("this code is not a git checkout: no commit to compare")
+  w = str(tmp_path)
+  assert ckpt_lib._other_code_hint(w) == ""                     # no provenance
+  wd.record_event(w, "start")
+  assert ckpt_lib._other_code_hint(w) == ""                     # written by this code
+  other = dict(here, commit="ab" * 20, dirty=False)
+  ceu_io.write_json_atomic(os.path.join(w, wd.PROVENANCE_FILE),
+                          {"history": [{"event": "start", "code": other}]})
+  hint = ckpt_lib._other_code_hint(w)
+  assert "written by ceu_jax" in hint and "at commit abababababab" in hint
+  assert code_version.describe(here) in hint

@@ -45,6 +45,21 @@ def _ocp():
   return ocp
 
 
+def _other_code_hint(workdir: str) -> str:
+  """'' or, where W/provenance.json says other code wrote the run, a sentence naming it:
+  with the same config, a model's layout can differ because the code changed (e.g. a
+  preset's widths; docs/architectures.md)."""
+  from ceu_jax import code_version  # pylint: disable=g-import-not-at-top
+  recorded = [e.get("code") for e in workdir_lib.history(workdir) if e.get("code")]
+  here = code_version.code_version()
+  if not recorded or not recorded[-1].get("commit") or not here.get("commit") or (
+      recorded[-1]["commit"] == here["commit"]):
+    return ""
+  return (f". The run was written by {code_version.describe(recorded[-1])} and this is "
+          f"{code_version.describe(here)}: if the config is the same, the model's layout "
+          "changed in the code between them (docs/architectures.md); that commit loads it")
+
+
 class CheckpointError(workdir_lib.WorkdirError):
   """No valid checkpoint although the workdir has some: refuse a fresh start."""
 
@@ -345,7 +360,7 @@ class Checkpointer:
           f"this workdir ({self.workdir}) was trained with a different config: the arrays "
           f"of its checkpoint step {step} differ from this config's model ({mismatch}). "
           "Nothing was moved; use the workdir's own config (W/config.json) or another "
-          "--workdir")
+          "--workdir" + _other_code_hint(self.workdir))
     return True
 
   def _quarantine(self, step: int, reason: str) -> None:
