@@ -6,7 +6,6 @@ import jax
 import numpy as np
 import pytest
 
-from ceu_jax import engine
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax.data import corruptions
 from tests.conftest import ATR_CONFIGS, fast_compile
