@@ -2,6 +2,8 @@
 answers are known, borderline cases on each side of the rule."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -83,9 +85,12 @@ def test_item_pairs_fixed_vs_section_1_denominator():
   assert list(a) == [1, 1, 1, 0] and list(b) == [1, 1, 0, 0]
 
 
-def _grid(n_seeds, em_cost, ev_gain, dis_drop, families=("attention", "ssm")):
+def _grid(n_seeds, em_cost, ev_gain, dis_drop, families=("attention", "ssm"),
+          drops=(0.1, 0.3)):
   """Synthetic results + per-cell rows: baseline EM 0.9 with CEU_ev 0.2 on 200 items;
-  the CER cell gains CEU_ev and loses CEU_dis by the given amounts (seed jitter 0.01)."""
+  the CER cell gains CEU_ev and loses CEU_dis by the given amounts (seed jitter 0.01);
+  under the shifted condition δ = 0.9 (200 other items) CER loses drops[0] of EM and the
+  baseline drops[1]. `load(workdir, cell_id, condition='clean')` gives a cell's rows."""
   rng = np.random.default_rng(1)
   results, rows, ex = [], [], {}
   for fam in families:
@@ -95,16 +100,18 @@ def _grid(n_seeds, em_cost, ev_gain, dis_drop, families=("attention", "ssm")):
         cer = reg != "none"
         jitter = 0.01 * s
         n = 200
-        correct = rng.random(n) < (0.9 - (em_cost + jitter if cer else 0))
+        p = 0.9 - (em_cost + jitter if cer else 0)
+        correct = rng.random(n) < p
+        shifted = rng.random(n) < p - drops[0 if cer else 1]
         ev = np.full(n, 0.2 + ((ev_gain + jitter) if cer else 0.0))
         dis = np.full(n, 0.3 - ((dis_drop + jitter) if cer else 0.0))
-        ex[cid] = _rows(correct, ev, np.zeros(n, bool), dis)
+        ex[cid, "clean"] = _rows(correct, ev, np.zeros(n, bool), dis)
+        ex[cid, "delta=0.9"] = _rows(shifted, ev, np.zeros(n, bool), dis)
         results.append(dict(cell_id=cid, config={"model.family": fam, "seed": s,
                                                  "cer.regularizer": reg}))
-        em = float(correct.mean())
-        rows += [dict(cell_id=cid, condition="clean", em=em),
-                 dict(cell_id=cid, condition="delta=0.9", em=em - (0.1 if cer else 0.3))]
-  return results, rows, (lambda workdir, cid: ex[cid])
+        rows += [dict(cell_id=cid, condition="clean", em=float(correct.mean())),
+                 dict(cell_id=cid, condition="delta=0.9", em=float(shifted.mean()))]
+  return results, rows, (lambda workdir, cid, condition="clean": ex.get((cid, condition)))
 
 
 def _verdicts(cs):
@@ -131,6 +138,30 @@ def test_grid_claims_fail_when_the_accuracy_cost_is_large_or_ceu_falls():
   results, rows, load = _grid(3, em_cost=0.0, ev_gain=-0.1, dis_drop=-0.1)
   v = _verdicts(paired.grid_claims("W", rows, results, num_resamples=100, load=load)[0])
   assert v["H2 attention, evidence (fixed denominator)"] == claims.OPPOSITE
+
+
+def test_h3_is_paired_over_each_conditions_items_and_equals_the_rows_difference():
+  """SPEC §5a: per seed, H3's value is the grid rows' difference of EM drops, now with a
+  CI from the items (each condition's resampled on its own, the two cells' values of an
+  item jointly); one seed is decided by that CI. Cells without per-condition rows (runs
+  before they were kept) get the rows' value and no CI, as before: one seed untested."""
+  results, rows, load = _grid(1, em_cost=0.0, ev_gain=0.0, dis_drop=0.0, families=("ssm",))
+  em = {(r["cell_id"], r["condition"]): r["em"] for r in rows}
+  want = ((em["ssm-none-0", "clean"] - em["ssm-none-0", "delta=0.9"])
+          - (em["ssm-evidence-0", "clean"] - em["ssm-evidence-0", "delta=0.9"]))
+  [c] = paired.h3_claims(rows, results, "W", num_resamples=200, load=load)
+  assert c.verdict == claims.SUPPORTED and paired.H3_ITEMS in c.numbers, c.numbers
+  [d] = re.findall(r"0: ([+-]\d\.\d+) \[([+-]\d\.\d+), ([+-]\d\.\d+)\] n=(\d+)", c.numbers)
+  assert abs(float(d[0]) - want) < 1e-3 and float(d[1]) > 0 and int(d[3]) == 2 * 200
+  old = lambda w, cid, condition="clean": load(w, cid) if condition == "clean" else None
+  for kwargs in (dict(load=old), {}):          # no per-condition rows / no workdir
+    [c] = paired.h3_claims(rows, results, *(("W",) if kwargs else ()), **kwargs)
+    assert c.verdict == claims.UNTESTED and paired.H3_CONDITIONS in c.numbers
+    assert f"0: {want:+.3f} n=1" in c.numbers, c.numbers
+  # the baseline loses less than CER: opposite
+  results, rows, load = _grid(1, 0.0, 0.0, 0.0, families=("ssm",), drops=(0.3, 0.05))
+  [c] = paired.h3_claims(rows, results, "W", num_resamples=200, load=load)
+  assert c.verdict == claims.OPPOSITE, c.numbers
 
 
 def test_h1_not_supported_when_the_evidence_is_used():

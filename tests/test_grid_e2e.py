@@ -52,6 +52,19 @@ def test_tiny_smoke_grid_runs_and_reports_strata(tmp_path):
     n_none = int(r["em_no_evidence_n"] or 0)
     assert 0 < n_mem and n_mem + n_ev + n_none == 32
     assert 0.0 <= float(r["degenerate"]) <= 1.0
+  # every shifted condition's per-item rows are kept, and H3 is paired over them: its
+  # per-seed value is the grid rows' difference of EM drops
+  for c in cells:
+    assert os.path.exists(aggregate.examples_path(
+        os.path.join(workdir, "cells", c.cell_id), "delta=0.9"))
+  from ceu_jax.grid import paired  # pylint: disable=g-import-not-at-top
+  results = aggregate.select_results(workdir, config, log=lambda s: None)[0]
+  [h3] = paired.h3_claims(rows, results, workdir, num_resamples=100)
+  assert paired.H3_ITEMS in h3.numbers, h3.numbers
+  [unpaired] = paired.h3_claims(rows, results)
+  got = float(h3.numbers.split("seed (")[1].split(" ")[1])
+  assert got == float(unpaired.numbers.split("seed (")[1].split(" ")[1]), (h3, unpaired)
+  assert "n=64" in h3.numbers          # 32 clean + 32 shifted items
   text = open(out["report"]).read()
   assert "## Accurate, but is the evidence used?" in text
   assert "[memorised] = evidence present, answer memorisable" in text

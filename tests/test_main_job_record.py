@@ -5,7 +5,8 @@ docs/runs/main_job.tar.gz holds command 1's run as it finished: every cell's res
 paired claims are decided on; no checkpoints), and the claims.md the run printed. Made
 from a finished workdir W by
   tar -czf docs/runs/main_job.tar.gz -C W claims.md cells/*/result.json \
-      cells/*/audit/examples.csv
+      cells/*/audit/examples.csv cells/*/conditions/*/examples.csv
+(the recorded run predates the per-condition rows: its H3 rows are condition-level).
 Aggregating those cells with today's code (`grid.main.run(..., aggregate_only=True)`, what
 command 1 does after its last cell) must find that every recorded cell is still a cell of
 configs/smoke.py's grid and write the claims.md that was recorded; the README's table and

@@ -231,6 +231,37 @@ def test_paired_difference_and_delta_causal():
     m.paired_difference_ci(placebo, placebo, statistic="mode")
 
 
+def test_stratified_paired_mean_against_a_loop_and_its_coverage():
+  """Σ_s w_s mean(a_s − b_s) over independent sets: one set is paired_difference_ci
+  (same indices); two sets equal a resample-by-resample loop drawing each set's indices
+  from its own generator (seed + s); the 95% CI covers the true value ~95% of the time."""
+  rng = np.random.default_rng(11)
+  a, b = rng.normal(size=40), rng.normal(size=40)
+  one = bs.stratified_paired_mean([(a, b, 1.0)], num_resamples=300, seed=5)
+  ref = m.paired_difference_ci(a, b, num_resamples=300, seed=5)
+  for x, y in zip(one.floats(), ref.floats()):
+    assert x == pytest.approx(y, abs=1e-12)
+  c, d = rng.normal(size=25), rng.normal(size=25)
+  got = bs.stratified_paired_mean([(a, b, -1.0), (c, d, 0.5)], num_resamples=300, seed=5)
+  gens = [np.random.default_rng(5), np.random.default_rng(6)]
+  loop = []
+  for _ in range(300):
+    i, j = gens[0].integers(0, 40, size=40), gens[1].integers(0, 25, size=25)
+    loop.append(-np.mean(a[i] - b[i]) + 0.5 * np.mean(c[j] - d[j]))
+  want = [-np.mean(a - b) + 0.5 * np.mean(c - d), *np.quantile(loop, [0.025, 0.975])]
+  assert np.allclose(got.floats()[:3], want, rtol=0, atol=1e-12) and got.n == 65
+  hits = 0
+  for _ in range(200):
+    shared1, shared2 = rng.normal(0, 3, 60), rng.normal(0, 3, 30)   # strong pairing
+    sets = [(shared1 + 0.2 + rng.normal(0, .5, 60), shared1 + rng.normal(0, .5, 60), -1.0),
+            (shared2 + rng.normal(0, .5, 30), shared2 + rng.normal(0, .5, 30), 1.0)]
+    hits += bs.stratified_paired_mean(sets, num_resamples=300).contains(-0.2)
+  assert 0.90 <= hits / 200 <= 0.99
+  assert bs.stratified_paired_mean([]) == bs.EMPTY
+  with pytest.raises(ValueError, match="set 1"):
+    bs.stratified_paired_mean([(a, b, 1.0), (c, d[:3], 1.0)])
+
+
 # ---------------------------------------------------------- CEU summaries --
 
 def test_stabilised_ceu_and_degenerate_flag():

@@ -39,6 +39,18 @@ CONDITION_FIELDS = ("condition", "eta_test", "delta_test", "n_test")
 ID_FIELDS = ("cell_id", "index")
 
 
+CLEAN = "clean"   # the test condition of the training distribution (grid.cell)
+
+
+def examples_path(cell_dir: str, condition: str = CLEAN) -> str:
+  """A cell's per-item audit rows of one test condition: <cell>/audit/examples.csv for
+  'clean' (the cell's audit), <cell>/conditions/<condition>/examples.csv for a shifted
+  one (written since H3 pairs items; absent in cells of older runs)."""
+  if condition == CLEAN:
+    return os.path.join(cell_dir, "audit", "examples.csv")
+  return os.path.join(cell_dir, "conditions", condition, "examples.csv")
+
+
 def number(v) -> float:
   """A row's cell as a float (results.csv holds strings); NaN when empty or not a number."""
   try:

@@ -2,7 +2,9 @@
 
 Test conditions: 'clean' (the training distribution) and one condition per value
 of `grid.delta_test`, `grid.n_test`, `grid.eta_test` that differs from training,
-shifting one knob at a time. Every condition is scored by the one `Auditor`
+shifting one knob at a time. The cell keeps every condition's per-item rows: the
+clean one's with its summary and plots in <cell>/audit/, each shifted one's in
+<cell>/conditions/<name>/examples.csv (`aggregate.examples_path`). Every condition is scored by the one `Auditor`
 (`ceu_jax.auditor`) at the cell's read port f (`model.read_port`, the port CER
 trained) on THE fixed eval set of `config.eval` with that knob shifted (same
 seed, size and corruptions for every cell); the grid's rows are for the first
@@ -20,7 +22,7 @@ from typing import Callable
 import ml_collections
 import numpy as np
 
-from ceu_jax import audit_job
+from ceu_jax import audit_job, io
 from ceu_jax import retrieval_adapter as adapter
 from ceu_jax import auditor as auditor_lib
 from ceu_jax.data import tasks
@@ -30,7 +32,7 @@ from ceu_jax.grid import aggregate
 def test_conditions(config: ml_collections.ConfigDict) -> list[tuple[str, object]]:
   base = tasks.data_config(config.data)
   g = config.grid
-  conds = [("clean", base)]
+  conds = [(aggregate.CLEAN, base)]
   for field, values, tag in (("delta", g.delta_test, "delta"), ("context_len", g.n_test, "n"),
                              ("eta", g.eta_test, "eta")):
     for v in values:
@@ -144,11 +146,14 @@ def run_cell(config: ml_collections.ConfigDict, cell_dir: str, *,
       log(f"[cell] auditing condition {name}")
       ex = audit_condition(config, placed, data_cfg, batch_sharding=bs)
       metrics, summary = summarize_condition(ex, settings)
-      if name == "clean":
+      if name == aggregate.CLEAN:
         audit_job.write_outputs(os.path.join(cell_dir, "audit"),
                                 {grid_corruption(config): ex},
                                 {grid_corruption(config): summary},
                                 {"condition": name, "approximate_span": bundle.approximate})
+      else:   # the per-item rows H3 pairs between cells (grid.paired)
+        io.write_text_atomic(aggregate.examples_path(cell_dir, name),
+                             audit_job.examples_csv({grid_corruption(config): ex}))
       rows.append({"condition": name, "eta_test": data_cfg.eta,
                    "delta_test": data_cfg.delta, "n_test": data_cfg.context_len,
                    "approximate_span": bundle.approximate, **metrics})

@@ -22,8 +22,13 @@ Claims (thresholds are stated, the verdict rule is `claims.RULE`):
      at an accuracy cost ≤ MAX_EM_COST (mean over seeds); restated with the §1
      denominator;
   H3 (per architecture × CER variant): CER degrades less under test shift: per seed,
-     the mean over shifted conditions of (EM drop of the baseline − EM drop of CER),
-     from the grid rows (shifted sets are not paired across conditions);
+     the mean over shifted conditions of (EM drop of the baseline − EM drop of CER)
+     = mean_c (EM_CER − EM_base)_c − (EM_CER − EM_base)_clean, each term paired over the
+     items of its condition (both cells score the same items in every condition; the
+     conditions draw different items), its CI from a bootstrap that resamples each
+     condition's items on its own (`resampling.stratified_paired_mean`; n = items). A
+     seed whose cells predate the per-condition rows (<cell>/conditions/) gets the
+     grid rows' value without a CI, as before (n = conditions);
   H4 (per CER variant): H2 holds for every architecture.
 """
 from __future__ import annotations
@@ -36,6 +41,8 @@ import numpy as np
 
 from ceu_jax import claims
 from ceu_jax.engine.probes import DIS
+from ceu_jax.grid import aggregate
+from ceu_jax.metrics import resampling
 
 ACCURATE = 0.75       # H1: a baseline is "accurate" with at least this clean EM
 UNUSED_SHARE = 0.25   # H1: ... and at least this share of items correct without evidence use
@@ -55,9 +62,11 @@ def _float(v: str) -> float:
     return float("nan")
 
 
-def load_examples(workdir: str, cell_id: str) -> dict[str, np.ndarray] | None:
-  """The clean-condition rows of one cell, sorted by example id (None: not there)."""
-  path = os.path.join(workdir, "cells", cell_id, "audit", "examples.csv")
+def load_examples(workdir: str, cell_id: str, condition: str = aggregate.CLEAN
+                  ) -> dict[str, np.ndarray] | None:
+  """One cell's per-item rows of a test condition (default the clean one), sorted by
+  example id (None: not there)."""
+  path = aggregate.examples_path(os.path.join(workdir, "cells", cell_id), condition)
   if not os.path.exists(path):
     return None
   with open(path, newline="") as f:
@@ -215,33 +224,56 @@ def h2_claims(comps: Sequence[dict]) -> list[claims.Claim]:
   return out
 
 
-def h3_claims(rows: Sequence[dict], results: Sequence[dict]) -> list[claims.Claim]:
-  """From results.csv rows (cell × condition): per seed, mean over shifted conditions of
-  (baseline's EM drop − CER's EM drop); positive = CER degrades more gracefully."""
+H3_ITEMS = ("baseline EM drop − CER EM drop (mean over shifted conditions; per seed paired "
+            "over each condition's items, n = items)")
+H3_CONDITIONS = "baseline EM drop − CER EM drop (mean over shifted conditions; n = conditions)"
+
+
+def _h3_items(workdir: str, a: dict, b: dict, conds: Sequence[str], load, *, seed: int,
+              num_resamples: int) -> claims.Aggregate | None:
+  """H3's per-seed value paired over items (module doc), or None when a cell lacks a
+  condition's per-item rows."""
+  strata = []
+  for cond, weight in [(aggregate.CLEAN, -1.0)] + [(c, 1.0 / len(conds)) for c in conds]:
+    ra, rb = load(workdir, a["cell_id"], cond), load(workdir, b["cell_id"], cond)
+    if ra is None or rb is None:
+      return None
+    strata.append((*item_pairs("em", ra, rb), weight))
+  return resampling.stratified_paired_mean(strata, seed=seed, num_resamples=num_resamples)
+
+
+def h3_claims(rows: Sequence[dict], results: Sequence[dict], workdir: str | None = None, *,
+              seed: int = 42, num_resamples: int = 1000,
+              load=load_examples) -> list[claims.Claim]:
+  """From results.csv rows (cell × condition) and, where the cells have them, their
+  per-condition per-item rows: per seed, mean over shifted conditions of (baseline's EM
+  drop − CER's EM drop); positive = CER degrades more gracefully (module doc)."""
   em = {(r["cell_id"], str(r["condition"])): float(r["em"]) for r in rows
         if r.get("em") not in (None, "")}
   out = []
   for g in pair_cells(results):
-    per_seed = []
+    per_seed, by_items = [], []
     for s, (a, b) in g["seeds"].items():
-      conds = sorted({c for (cid, c) in em if cid == a["cell_id"] and c != "clean"})
-      vals = []
-      for cond in conds:
-        try:
-          drop_a = em[(a["cell_id"], "clean")] - em[(a["cell_id"], cond)]
-          drop_b = em[(b["cell_id"], "clean")] - em[(b["cell_id"], cond)]
-        except KeyError:
-          continue
-        vals.append(drop_b - drop_a)
-      if vals:
-        per_seed.append(claims.SeedDifference(
-            s, claims.Aggregate(float(np.mean(vals)), None, None, len(vals))))
+      conds = [c for c in sorted({c for (cid, c) in em if cid == a["cell_id"]})
+               if c != aggregate.CLEAN and all((x["cell_id"], k) in em
+                                               for x in (a, b) for k in (c, aggregate.CLEAN))]
+      if not conds:
+        continue
+      agg = None if workdir is None else _h3_items(
+          workdir, a, b, conds, load, seed=seed, num_resamples=num_resamples)
+      by_items.append(agg is not None)
+      if agg is None:
+        vals = [(em[(b["cell_id"], aggregate.CLEAN)] - em[(b["cell_id"], c)])
+                - (em[(a["cell_id"], aggregate.CLEAN)] - em[(a["cell_id"], c)]) for c in conds]
+        agg = claims.Aggregate(float(np.mean(vals)), None, None, len(vals))
+      per_seed.append(claims.SeedDifference(s, agg))
     d = claims.Difference("graceful", tuple(per_seed))
+    label = (H3_ITEMS if by_items and all(by_items) else H3_CONDITIONS if not any(by_items)
+             else H3_ITEMS + "; seeds without per-condition rows: n = conditions, no CI")
     out.append(claims.combine(
         f"H3 {g['name']}, {g['variant']}",
         "CER loses less EM than the baseline when δ, n or η shift at test time",
-        [("baseline EM drop − CER EM drop (mean over shifted conditions; n = conditions)",
-          d, +1)]))
+        [(label, d, +1)]))
   return out
 
 
@@ -263,4 +295,5 @@ def grid_claims(workdir: str, rows: Sequence[dict], results: Sequence[dict], *,
   comps = comparisons(workdir, results, seed=seed, num_resamples=num_resamples, load=load)
   h2 = h2_claims(comps)
   return (h1_claims(workdir, results, seed=seed, num_resamples=num_resamples, load=load) + h2
-          + h3_claims(rows, results) + h4_claims(comps)), comps
+          + h3_claims(rows, results, workdir, seed=seed, num_resamples=num_resamples,
+                      load=load) + h4_claims(comps)), comps

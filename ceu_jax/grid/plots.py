@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 import numpy as np
 
 from ceu_jax import plotting
+from ceu_jax.grid import aggregate
 from ceu_jax.grid.aggregate import number
 
 if TYPE_CHECKING:
@@ -245,7 +246,7 @@ def load_examples(workdir: str, results: Sequence[dict],
   """Per-example clean-condition audits (cells/<id>/audit/examples.csv) per series."""
   out = {}
   for res in results:
-    path = os.path.join(workdir, "cells", res["cell_id"], "audit", "examples.csv")
+    path = aggregate.examples_path(os.path.join(workdir, "cells", res["cell_id"]))
     if not os.path.exists(path):
       continue
     with open(path, newline="") as f:

@@ -12,7 +12,7 @@ An empty sample gives `Aggregate(None, None, None, 0)`: absent, never 0 or NaN.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -218,6 +218,36 @@ def paired_difference_ci(a: np.ndarray, b: np.ndarray,
   stat = _named_statistic(statistic)
   return bootstrap(lambda x, y: stat(x) - stat(y), _as_float_1d(a),
                    _as_float_1d(b), **kwargs)
+
+
+def stratified_paired_mean(strata: Sequence[tuple[np.ndarray, np.ndarray, float]], *,
+                           num_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
+                           level: float = DEFAULT_LEVEL) -> Aggregate:
+  """Σ_s w_s · mean_i (a_si − b_si) over independent item sets s, with its CI.
+
+  `strata`: (a [n_s], b [n_s], w_s) per set; a[i] and b[i] are two cells' values on item
+  i of set s (a difference of differences, e.g. H3's change of a paired EM difference
+  from the clean test set to the shifted ones, when each test condition draws its own
+  items). Each set's items are resampled on their own (stratified: set s draws with
+  seed + s) and an item's two values jointly (paired); the percentile CI is over the
+  resampled weighted sums. n = items over all sets. EMPTY without sets; every set must
+  hold at least one item."""
+  sets = [(_as_float_1d(a), _as_float_1d(b), float(w)) for a, b, w in strata]
+  if not sets:
+    return EMPTY
+  for k, (a, b, _) in enumerate(sets):
+    if len(a) != len(b) or len(a) == 0:
+      raise ValueError(f"set {k}: {len(a)} and {len(b)} values; a set needs equal, "
+                       "non-zero lengths")
+  total = np.zeros(num_resamples)
+  for k, (a, b, w) in enumerate(sets):
+    d = a - b
+    total += w * np.concatenate([d[idx].mean(axis=1) for idx in
+                                 _resample_chunks(len(d), num_resamples, seed + k)])
+  alpha = (1.0 - level) / 2.0
+  low, high = np.quantile(total, [alpha, 1.0 - alpha])
+  value = sum(w * float(np.mean(a - b)) for a, b, w in sets)
+  return Aggregate(_finite(value), _finite(low), _finite(high), sum(len(a) for a, _, _ in sets))
 
 
 def _named_statistic(statistic: str | float) -> VectorStatistic:
