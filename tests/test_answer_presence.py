@@ -226,6 +226,54 @@ def test_panel_needs_records_and_placebo_without_room_is_absent():
   assert edits == ['remove']
 
 
+def test_edits_find_the_gold_where_lowering_changes_the_length():
+  """'İ' lowers to two code points: spans found in the lowered text must land on the
+  original one (remove took 'ar' out of 'Paris' and left both golds before)."""
+  text = 'İstanbul lies east of Paris. Paris is big.'
+  assert ap.remove(text, ['Paris']) == 'İstanbul lies east of [MASK]. [MASK] is big.'
+  for id_ in range(50):
+    spans = ap.placebo_spans(text, ['Paris'], id_)
+    assert spans and all(text[a:b] != 'Paris' and 'Paris' not in text[a:b] for a, b in spans)
+  assert ap.present('ΑΣ Β', ['σ']) == bool(ap.occurrences('ΑΣ Β', ['σ']))
+
+
+def test_the_causal_row_and_the_panel_count_use_every_chunk():
+  """Seed 001's Table-1 row: Δremove and Δplacebo over Δcausal's own pairs (so their
+  difference is Δcausal); records without room for a placebo are counted in every chunk,
+  also one whose panel has no usable record."""
+  import json
+  from ceu_jax.audits.answer_presence import job, report, worlds
+  good = [r for r in ap.validate(make_records(60, seed=3)).kept if ap.bucket(r) == '1→1']
+  bad = [ap.Record(f'b{i}', f'what is b{i}', ('gold',), 'gold gold', 'raw gold text.')
+         for i in range(len(good))]              # 1→1, no room for a placebo span
+
+  class Memory(CopyOracle):                       # answers the 'b' records from memory
+    def answer(self, prompt, id_):
+      return 'gold' if str(id_).startswith('b') else super().answer(prompt, id_)
+  reader = Memory(candidates={r.id: list(r.golds) for r in good + bad})
+  parts = []
+  for recs in (good, bad):
+    by = {'B1': [ap.Record(r.id, r.question, r.golds, r.raw_context, r.raw_context)
+                 for r in recs], 'B2': recs}
+    parts.append(worlds.audit_chunk(reader, ap.TEXT, by, loglik=False,
+                                    identity_baselines=('B2',)))
+  s = json.loads(json.dumps(job._summarise_reader(parts, ('B1', 'B2'), 42)))
+  assert s['panel']['no_placebo'] == len(bad) == s['cells']['B2']['placebo_missing']
+  row = report.causal_table({'copy': s}).splitlines()[2]
+  assert row.startswith(f'| copy | B2 | {len(good)} | -100.00 [-100.00, -100.00] | +0.00 ')
+  assert '**-100.00 [-100.00, -100.00]**' in row
+
+
+def test_containment_rates_carry_their_n():
+  from ceu_jax.audits.answer_presence import worlds
+  from ceu_jax.metrics.resampling import mean_ci
+  world = worlds.FactQAWorld.__new__(worlds.FactQAWorld)
+  agg = mean_ci(np.array([1, 0, 1, 1, 0, 1.]), seed=42).to_dict()
+  text = '\n'.join(world.extra_report(dict(containment={'B2': agg},
+                                            compile_words={'B2': 30.0})))
+  assert '0.667 [0.333, 1.000] (n=6)' in text
+
+
 def test_presence_substring_vs_normalized():
   g = ('The Beatles',)
   assert ap.present('songs by the beatles.', g) and ap.present_normalized('songs by the beatles.', g)

@@ -191,8 +191,8 @@ def test_rewriter_error_knobs():
   has = [bool(m.evidence_lines(r.raw_context, r)) for r in raw]
   dropped = aw.compiled_records(m, raw, 'B2', p_drop=1.0, p_surface=0.0, seed=1)
   assert not any(m.evidence_lines(c.context, c) for c in dropped)
-  surfaced = aw.compiled_records(m, raw, 'B4', p_drop=0.0, p_surface=1.0, seed=1)
-  assert all(bool(m.evidence_lines(c.context, c)) for c in surfaced)  # B4 always leaves a blank
+  surfaced = aw.compiled_records(m, raw, 'B2', p_drop=0.0, p_surface=1.0, seed=1)
+  assert all(bool(m.evidence_lines(c.context, c)) for c in surfaced)  # B2 always leaves a blank
   assert 0.7 < np.mean(has) < 0.9  # η = 0.2
   half = aw.compiled_records(m, raw, 'B3', p_drop=0.5, p_surface=0.0, seed=1)
   kept = np.mean([bool(m.evidence_lines(c.context, c)) for c, h in zip(half, has) if h])
@@ -203,6 +203,31 @@ def test_rewriter_error_knobs():
                                                          p_surface=0.5, seed=1)}
   assert again == {c.id: c.context for c in aw.compiled_records(m, raw, 'B3', p_drop=0.5,
                                                                 p_surface=0.5, seed=1)}
+
+
+def test_b4_is_b2s_compile_verified_by_b(world):
+  """SPEC §8.1: B4 = A's compile (B2) then a verification pass by B (B3's KEY filter, with
+  B's drop error): every line of B4 is B2's own line or a filler, so B4 never holds the
+  evidence (or the gold) where B2 lacks it; B2's filler lines pass through verbatim; the
+  lines B2 kept that hold the KEY stay, the evidence line among them dropped at p_drop."""
+  m, raw, comp = world
+  b4_more, dropped, had = 0, 0, 0
+  for r, b2, b4 in zip(raw, comp['B2'], comp['B4']):
+    key = r.question[4]
+    for l2, l4 in zip(m.lines(b2.context), m.lines(b4.context)):
+      assert l4 == l2 or (m.is_free(l4) and not m.is_free(l2)), (r.id, l2, l4)
+      if m.is_free(l2):
+        assert l4 == l2
+    ev2, ev4 = m.evidence_lines(b2.context, b2), m.evidence_lines(b4.context, b4)
+    assert not ev4 or ev2
+    b4_more += bool(m.present(b4.context, r.golds)) and not m.present(b2.context, r.golds)
+    if ev2 and key in m.lines(b2.context)[ev2[0]]:
+      had += 1
+      dropped += not ev4
+  assert b4_more == 0
+  assert had > 500 and 0.12 < dropped / had < 0.28      # p_drop = 0.2 (KW)
+  again = aw.compiled_records(m, raw[:50], 'B4', **KW)
+  assert [c.context for c in again] == [c.context for c in comp['B4'][:50]]
 
 
 # ---------------------------------------------------------------- acceptance 6 (tokens)

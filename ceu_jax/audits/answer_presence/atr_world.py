@@ -6,11 +6,15 @@ query-conditioned line filters of fixed output length, so the trained readers
 can read their output: every line slot is kept or becomes a filler line
 ("NOTE w w w w w ."), passage markers stay where they are.
 
-  B2 keeps the lines holding the query's ID, B3 its KEY, B4 both.
-  Errors: the evidence line is dropped with probability p_drop (1→0 when no
-  coincidental mention is left); on missed examples (no evidence line in C)
+  B2 (rewriter A) keeps the lines holding the query's ID, B3 (rewriter B) its
+  KEY. Errors: the evidence line is dropped with probability p_drop (1→0 when
+  no coincidental mention is left); on missed examples (no evidence line in C)
   the gold line "ID #q KEY k_q VALUE v* ." is surfaced into a blank slot with
-  probability p_surface (0→1). Draws are seeded by (seed, rewriter, id).
+  probability p_surface (0→1). B4 is SPEC §8.1's "A's compile then a
+  verification pass by B": B2's compile with each line A kept checked by B's
+  filter (kept if it holds the KEY; B drops the evidence line with p_drop),
+  the rest becoming filler; it never holds a line B2 lacks. Draws are seeded
+  by (seed, rewriter, id).
 
 `ATRMedium` is the audit's token medium (SPEC §8.1 "token match on ATR"):
 present = the gold VALUE token(s) anywhere (coincidental mentions count);
@@ -54,6 +58,7 @@ from ceu_jax.data.vocab import SENTINELS as VOCAB_SENTINELS
 PANEL_NAMES = {'[MASK]': 'mask', '[REMOVED]': 'removed', 'natural': 'deletion_phrase',
                'word': 'generic_word', 'symbol': 'symbol'}
 REWRITERS = {'B2': ('id',), 'B3': ('key',), 'B4': ('id', 'key')}  # kept when the line has these
+VERIFIED = {'B4': 'B2'}  # B4 verifies B2's compile (the lines it kept or surfaced)
 BASELINES = ('B1',) + tuple(REWRITERS)
 
 
@@ -299,13 +304,23 @@ def rewrite(medium: ATRMedium, r: ap.Record, name: str, *, p_drop: float, p_surf
   rng = item_rng(seed, name, r.id)
   ev = medium.evidence_lines(raw, r)
   u_drop, u_surface = rng.random(), rng.random()  # drawn for every record: order-free
-  keep = [all(need[f] in line for f in REWRITERS[name]) for line in lines]
-  if ev and keep[ev[0]] and u_drop < p_drop:
+  verifies = name in VERIFIED   # verify another rewriter's compile: its lines, its fillers
+  if verifies:
+    prior = rewrite(medium, r, VERIFIED[name], p_drop=p_drop, p_surface=p_surface, seed=seed)
+    lines_in = [tuple(l) for l in medium.lines(prior)]
+    offered = [need['id'] in line for line in lines_in]   # the lines A kept (or surfaced)
+  else:
+    lines_in, offered = lines, [True] * len(lines)
+  keep = [o and all(need[f] in line for f in REWRITERS[name])
+          for o, line in zip(offered, lines_in)]
+  if ev and keep[ev[0]] and lines_in[ev[0]] == lines[ev[0]] and u_drop < p_drop:
     keep[ev[0]] = False
   out = []
-  for line, k in zip(lines, keep):
+  for line, o, k in zip(lines_in, offered, keep):
     words = (v.filler_base + rng.integers(0, v.n_filler, size=len(line) - 2)).tolist()
-    out.append(line if k else (v.tok('NOTE'), *words, v.tok('.')))
+    out.append(line if k or not o else (v.tok('NOTE'), *words, v.tok('.')))
+  if verifies:
+    return medium.with_lines(raw, out)
   if not ev and u_surface < p_surface:
     blank = [k for k, kept in enumerate(keep) if not kept]
     if blank:

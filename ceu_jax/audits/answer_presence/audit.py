@@ -62,10 +62,20 @@ class Record:
 
 
 # ---------------------------------------------------------------- text edits
+def _lowered(text: str) -> tuple[str, list[int]]:
+  """text lowered character by character, and for each lowered position the index of the
+  character it came from (a character may lower to two: 'İ' → 'i̇'), so that matches
+  found in the lowered text map back onto `text` itself."""
+  parts = [c.lower() for c in text]
+  return ''.join(parts), [i for i, p in enumerate(parts) for _ in p]
+
+
 def occurrences(text: str, golds: Sequence[str]) -> list[tuple[int, int]]:
-  """Disjoint (start, end) spans of gold occurrences, leftmost then longest, case-insensitive."""
-  low = text.lower()
-  pats = sorted({g.lower() for g in golds if g}, key=len, reverse=True)
+  """Disjoint (start, end) spans of `text` holding a gold, leftmost then longest,
+  case-insensitive (both lowered character by character; a span covers every character
+  a match touches)."""
+  low, src = _lowered(text)
+  pats = sorted({_lowered(g)[0] for g in golds if g}, key=len, reverse=True)
   spans, i = [], 0
   while i < len(low):
     hit = None
@@ -77,12 +87,13 @@ def occurrences(text: str, golds: Sequence[str]) -> list[tuple[int, int]]:
       break
     spans.append(hit)
     i = hit[1]
-  return spans
+  return [(src[a], src[b - 1] + 1) for a, b in spans]
 
 
 def present(text: Optional[str], golds: Sequence[str]) -> bool:
-  """SPEC §8.1 present(): some gold is a case-insensitive substring of text."""
-  return text is not None and any(g and g.lower() in text.lower() for g in golds)
+  """SPEC §8.1 present(): some gold is a case-insensitive substring of text (the same
+  match as `occurrences`, so present() is True exactly when `remove` has a span)."""
+  return text is not None and bool(occurrences(text, golds))
 
 
 def present_normalized(text: Optional[str], golds: Sequence[str]) -> bool:
@@ -435,16 +446,29 @@ def _order(edit: str) -> int:
   return (EDITS + ('identity',)).index(edit) if edit in EDITS + ('identity',) else 99
 
 
+def _causal_pairs(rows: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+  """(Δremove, Δplacebo) of the 1→1 items that have both edits, in the same order."""
+  rem = {x['id']: x[key] for x in rows if x['bucket'] == '1→1' and x['edit'] == 'remove'}
+  pla = {x['id']: x[key] for x in rows if x['bucket'] == '1→1' and x['edit'] == 'placebo'}
+  both = [i for i in rem if i in pla]
+  return np.array([rem[i] for i in both]), np.array([pla[i] for i in both])
+
+
 def delta_causal(rows: Sequence[dict], *, seed: int = CI_SEED, key: str = 'delta') -> Aggregate:
   """Mean over 1→1 items with both remove and placebo of Δremove − Δplacebo (paired CI).
 
   key='dll': the same contrast on the gold log-likelihood change.
   """
-  rem = {x['id']: x[key] for x in rows if x['bucket'] == '1→1' and x['edit'] == 'remove'}
-  pla = {x['id']: x[key] for x in rows if x['bucket'] == '1→1' and x['edit'] == 'placebo'}
-  both = [i for i in rem if i in pla]
-  return metric_summary.delta_causal(np.array([rem[i] for i in both]),
-                                     np.array([pla[i] for i in both]), seed=seed)
+  return metric_summary.delta_causal(*_causal_pairs(rows, key), seed=seed)
+
+
+def delta_causal_parts(rows: Sequence[dict], *, seed: int = CI_SEED, key: str = 'delta'
+                       ) -> dict[str, Aggregate]:
+  """{'remove', 'placebo'}: mean Δremove and mean Δplacebo over Δcausal's own items (the
+  1→1 items with both edits; seed 001's Table 1 row), each with its CI; their difference
+  is Δcausal's value."""
+  rem, pla = _causal_pairs(rows, key)
+  return dict(remove=mean_ci(rem, seed=seed), placebo=mean_ci(pla, seed=seed))
 
 
 def fmt(a: Aggregate | None) -> str:

@@ -62,6 +62,9 @@ def _summarise_reader(parts: Sequence[dict], baselines: Sequence[str], seed: int
     cell = dict(effects=[{k: (v.to_dict() if hasattr(v, 'to_dict') else v) for k, v in e.items()}
                          for e in eff],
                 delta_causal=ap.delta_causal(rows, seed=seed).to_dict(),
+                # Δremove and Δplacebo on Δcausal's own pairs (its Table-1 row)
+                causal_parts={k: a.to_dict() for k, a in
+                              ap.delta_causal_parts(rows, seed=seed).items()},
                 remove_residual=sum(1 for x in rows if x['edit'] == 'remove' and x['residual']),
                 placebo_missing=(sum(x['edit'] == 'remove' for x in rows)
                                  - sum(x['edit'] == 'placebo' for x in rows)),
@@ -73,7 +76,8 @@ def _summarise_reader(parts: Sequence[dict], baselines: Sequence[str], seed: int
     if rows and 'dll' in rows[0]:
       cell['delta_causal_ll'] = ap.delta_causal(rows, seed=seed, key='dll').to_dict()
     out['cells'][b] = cell
-  panels = [p['panel'] for p in parts if p['panel'] and p['panel']['ids']]
+  with_panel = [p['panel'] for p in parts if p['panel']]
+  panels = [p for p in with_panel if p['ids']]
   if panels:
     f1 = {c: np.concatenate([np.asarray(p[c], np.float64) for p in panels])
           for c in ('B1', 'B2', *sp.SENTINELS, 'PLACEBO')}
@@ -84,7 +88,7 @@ def _summarise_reader(parts: Sequence[dict], baselines: Sequence[str], seed: int
         verdicts=dict(E=v.E, passed=v.passed, n_pass=v.n_pass, c2a_pass=v.c2a_pass,
                       c2b_pass=v.c2b_pass, d={s: a.to_dict() for s, a in v.d.items()},
                       c2b_d=v.c2b_d.to_dict(), text=v.summary()),
-        no_placebo=sum(len(p['no_placebo']) for p in panels))
+        no_placebo=sum(len(p['no_placebo']) for p in with_panel))  # every chunk's
   return out
 
 

@@ -61,16 +61,23 @@ def baseline_table(readers: Mapping, baselines: Sequence[str], what: str = 'F1',
 
 
 def causal_table(readers: Mapping) -> str:
-  """Table-1 style: Δremove, Δplacebo on 1→1 and Δcausal with its paired CI."""
+  """Table-1 style: Δremove and Δplacebo on Δcausal's own pairs (1→1 items with both
+  edits; over all 1→1 rows of each edit in summaries written before those were kept)
+  and Δcausal with its paired CI."""
   ll = any(c.get('delta_causal_ll') for r in readers.values() for c in r['cells'].values())
-  lines = ['| reader | baseline | n_pair | Δremove (1→1) | Δplacebo (1→1) | Δcausal [95% CI] |'
-           + (' Δcausal log-lik [95% CI] |' if ll else ''),
+  lines = ['| reader | baseline | n_pair | Δremove (1→1 pairs) | Δplacebo (1→1 pairs) | '
+           'Δcausal [95% CI] |' + (' Δcausal log-lik [95% CI] |' if ll else ''),
            '|---|---|---:|---|---|---|' + ('---|' if ll else '')]
   for name, r in readers.items():
     for b, cell in r['cells'].items():
-      rem, pla = effect(cell, 'remove', '1→1'), effect(cell, 'placebo', '1→1')
+      parts = cell.get('causal_parts')
+      if parts:
+        rem, pla = parts['remove'], parts['placebo']
+      else:
+        rem, pla = (x and x['delta'] for x in (effect(cell, 'remove', '1→1'),
+                                               effect(cell, 'placebo', '1→1')))
       lines.append(f"| {name} | {b} | {cell['delta_causal']['n']} | "
-                   f"{fmt(rem and rem['delta'])} | {fmt(pla and pla['delta'])} | "
+                   f"{fmt(rem)} | {fmt(pla)} | "
                    f"**{fmt(cell['delta_causal'])}** |"
                    + (f" {fmt(cell.get('delta_causal_ll'))} |" if ll else ''))
   return '\n'.join(lines)

@@ -353,7 +353,7 @@ class FactQAWorld(_World):
              '| rewriter | containment [95% CI] | mean words |', '|---|---|---:|']
     for b, a in summary['containment'].items():
       name = fw.REWRITER_NAMES.get(b.split()[0], b)
-      lines.append(f"| {b}: {name} | {fmt_ci(a)} "
+      lines.append(f"| {b}: {name} | {fmt_ci(a, with_n=True)} "
                    f"| {summary['compile_words'][b]:.1f} |")
     return lines
 
