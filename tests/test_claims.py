@@ -109,8 +109,10 @@ def _grid(n_seeds, em_cost, ev_gain, dis_drop, families=("attention", "ssm"),
         ex[cid, "delta=0.9"] = _rows(shifted, ev, np.zeros(n, bool), dis)
         results.append(dict(cell_id=cid, config={"model.family": fam, "seed": s,
                                                  "cer.regularizer": reg}))
-        rows += [dict(cell_id=cid, condition="clean", em=float(correct.mean())),
-                 dict(cell_id=cid, condition="delta=0.9", em=float(shifted.mean()))]
+        rows += [dict(cell_id=cid, condition="clean", em=float(correct.mean()),
+                      delta_test=0.3),
+                 dict(cell_id=cid, condition="delta=0.9", em=float(shifted.mean()),
+                      delta_test=0.9)]
   return results, rows, (lambda workdir, cid, condition="clean": ex.get((cid, condition)))
 
 
@@ -162,6 +164,46 @@ def test_h3_is_paired_over_each_conditions_items_and_equals_the_rows_difference(
   results, rows, load = _grid(1, 0.0, 0.0, 0.0, families=("ssm",), drops=(0.3, 0.05))
   [c] = paired.h3_claims(rows, results, "W", num_resamples=200, load=load)
   assert c.verdict == claims.OPPOSITE, c.numbers
+
+
+def test_h3_asks_about_knobs_that_grow_one_part_each():
+  """SPEC §6 H3 'as δ, n and η grow': a condition that lowers a knob below its training
+  value is left out; each growing knob is a part, and H3 is supported only when every part
+  is (CER better as δ grows but worse as η grows: not supported)."""
+  results, rows, load = _grid(2, 0.0, 0.0, 0.0, families=("ssm",), drops=(0.1, 0.3))
+  rng = np.random.default_rng(5)
+  ex = {}
+  for r in results:
+    cid, cer = r["cell_id"], r["config"]["cer.regularizer"] != "none"
+    for cond, eta, p in (("eta=0.0", 0.0, 0.3 if cer else 0.95),   # lowers η: not H3's
+                         ("eta=0.6", 0.6, 0.3 if cer else 0.8)):   # CER degrades more
+      ex[cid, cond] = _rows(rng.random(200) < p, np.full(200, .2), np.zeros(200, bool))
+      rows.append(dict(cell_id=cid, condition=cond, em=float(ex[cid, cond]["correct"].mean()),
+                       eta_test=eta))
+  for r in rows:
+    if r["condition"] == "clean":
+      r["eta_test"] = 0.3
+  both = lambda w, cid, condition="clean": ex.get((cid, condition)) or load(w, cid, condition)
+  clean = {r["condition"]: r for r in rows if r["cell_id"] == "ssm-none-0"}
+  assert paired.growing_conditions(clean) == {"delta": ["delta=0.9"], "eta": ["eta=0.6"]}
+  [c] = paired.h3_claims(rows, results, "W", num_resamples=200, load=both)
+  assert "δ grows (0.9)" in c.numbers and "η grows (0.6)" in c.numbers, c.numbers
+  assert "0.0" not in c.numbers.split("η grows")[1].split(")")[0]
+  assert c.verdict == claims.NOT_SUPPORTED, c.numbers
+  assert "→ supported" in c.numbers.split("η grows")[0]          # the δ part
+  assert c.numbers.split("η grows")[1].rstrip().endswith("→ opposite")
+  only_lower = [r for r in rows if r["condition"] in ("clean", "eta=0.0")]
+  [c] = paired.h3_claims(only_lower, results, "W", load=both)
+  assert c.verdict == claims.UNTESTED and "no test condition raises" in c.numbers
+
+
+def test_h4_needs_attention_and_ssm():
+  """SPEC §6 H4 'across attention and SSM interfaces': without an ssm pair it is untested."""
+  results, rows, load = _grid(3, em_cost=0.02, ev_gain=0.5, dis_drop=0.1,
+                              families=("attention", "memory_port"))
+  v = _verdicts(paired.grid_claims("W", rows, results, num_resamples=100, load=load)[0])
+  assert v["H2 attention, evidence (fixed denominator)"] == claims.SUPPORTED
+  assert v["H4 evidence"] == claims.UNTESTED
 
 
 def test_h1_not_supported_when_the_evidence_is_used():

@@ -6,7 +6,9 @@ paired claims are decided on; no checkpoints), and the claims.md the run printed
 from a finished workdir W by
   tar -czf docs/runs/main_job.tar.gz -C W claims.md cells/*/result.json \
       cells/*/audit/examples.csv cells/*/conditions/*/examples.csv
-(the recorded run predates the per-condition rows: its H3 rows are condition-level).
+(the recorded run predates the per-condition rows: its H3 rows are condition-level). Its
+claims.md was re-aggregated from the same cells when H3 became one part per growing knob
+and H4 came to need attention and SSM (docs/main_job.md says what moved).
 Aggregating those cells with today's code (`grid.main.run(..., aggregate_only=True)`, what
 command 1 does after its last cell) must find that every recorded cell is still a cell of
 configs/smoke.py's grid and write the claims.md that was recorded; the README's table and

@@ -21,15 +21,18 @@ Claims (thresholds are stated, the verdict rule is `claims.RULE`):
   H2 (per architecture × CER variant): CEU_ev up (fixed denominator) and CEU_dis down,
      at an accuracy cost ≤ MAX_EM_COST (mean over seeds); restated with the §1
      denominator;
-  H3 (per architecture × CER variant): CER degrades less under test shift: per seed,
-     the mean over shifted conditions of (EM drop of the baseline − EM drop of CER)
+  H3 (per architecture × CER variant): CER degrades less as δ, n and η grow: one part
+     per knob that some test condition raises above its training value (a condition that
+     lowers a knob is not H3's), supported when every part is; per knob and seed, the
+     mean over its growing conditions c of (EM drop of the baseline − EM drop of CER)
      = mean_c (EM_CER − EM_base)_c − (EM_CER − EM_base)_clean, each term paired over the
      items of its condition (both cells score the same items in every condition; the
      conditions draw different items), its CI from a bootstrap that resamples each
      condition's items on its own (`resampling.stratified_paired_mean`; n = items). A
      seed whose cells predate the per-condition rows (<cell>/conditions/) gets the
      grid rows' value without a CI, as before (n = conditions);
-  H4 (per CER variant): H2 holds for every architecture.
+  H4 (per CER variant): H2 holds for every architecture, attention and ssm among them
+     (untested without either).
 """
 from __future__ import annotations
 
@@ -224,9 +227,29 @@ def h2_claims(comps: Sequence[dict]) -> list[claims.Claim]:
   return out
 
 
-H3_ITEMS = ("baseline EM drop − CER EM drop (mean over shifted conditions; per seed paired "
-            "over each condition's items, n = items)")
-H3_CONDITIONS = "baseline EM drop − CER EM drop (mean over shifted conditions; n = conditions)"
+H3_ITEMS = "per seed paired over each condition's items, n = items"
+H3_CONDITIONS = "n = conditions"
+# Test-condition knobs (grid.cell.test_conditions' tags): (grid row field, symbol).
+KNOBS = {"delta": ("delta_test", "δ"), "n": ("n_test", "n"), "eta": ("eta_test", "η")}
+
+
+def growing_conditions(cell_rows: dict[str, dict]) -> dict[str, list[str]]:
+  """{knob tag: the conditions that raise it above its training value, by value} of one
+  cell's grid rows {condition: row} (the clean row holds the training values). A
+  condition that lowers a knob (η = 0 below a training η of 0.3) is not one H3 asks about."""
+  clean = cell_rows.get(aggregate.CLEAN)
+  out: dict = {}
+  if clean is None:
+    return out
+  for c, r in cell_rows.items():
+    tag = c.split("=")[0]
+    if c == aggregate.CLEAN or tag not in KNOBS:
+      continue
+    field = KNOBS[tag][0]
+    v, trained = aggregate.number(r.get(field)), aggregate.number(clean.get(field))
+    if v > trained:
+      out.setdefault(tag, []).append((v, c))
+  return {tag: [c for _, c in sorted(vc)] for tag, vc in out.items()}
 
 
 def _h3_items(workdir: str, a: dict, b: dict, conds: Sequence[str], load, *, seed: int,
@@ -246,45 +269,78 @@ def h3_claims(rows: Sequence[dict], results: Sequence[dict], workdir: str | None
               seed: int = 42, num_resamples: int = 1000,
               load=load_examples) -> list[claims.Claim]:
   """From results.csv rows (cell × condition) and, where the cells have them, their
-  per-condition per-item rows: per seed, mean over shifted conditions of (baseline's EM
-  drop − CER's EM drop); positive = CER degrades more gracefully (module doc)."""
-  em = {(r["cell_id"], str(r["condition"])): float(r["em"]) for r in rows
-        if r.get("em") not in (None, "")}
+  per-condition per-item rows: per knob that grows at test time (δ, n, η) and per seed,
+  the mean over that knob's growing conditions of (baseline's EM drop − CER's EM drop);
+  positive = CER degrades more gracefully. One part per knob: supported when every
+  knob's part is (module doc)."""
+  by_cell: dict = {}
+  for r in rows:
+    if r.get("em") not in (None, ""):
+      by_cell.setdefault(r["cell_id"], {})[str(r["condition"])] = r
+  em = lambda cid, c: float(by_cell[cid][c]["em"])
   out = []
   for g in pair_cells(results):
-    per_seed, by_items = [], []
+    per_knob: dict = {}     # tag -> ([SeedDifference], [paired over items?], conditions)
     for s, (a, b) in g["seeds"].items():
-      conds = [c for c in sorted({c for (cid, c) in em if cid == a["cell_id"]})
-               if c != aggregate.CLEAN and all((x["cell_id"], k) in em
-                                               for x in (a, b) for k in (c, aggregate.CLEAN))]
-      if not conds:
+      ra, rb = by_cell.get(a["cell_id"], {}), by_cell.get(b["cell_id"], {})
+      for tag, conds in growing_conditions(ra).items():
+        conds = [c for c in conds if c in rb] if aggregate.CLEAN in rb else []
+        if not conds:
+          continue
+        agg = None if workdir is None else _h3_items(
+            workdir, a, b, conds, load, seed=seed, num_resamples=num_resamples)
+        seeds, paired_items, names = per_knob.setdefault(tag, ([], [], set()))
+        paired_items.append(agg is not None)
+        names.update(conds)
+        if agg is None:
+          clean = aggregate.CLEAN
+          vals = [(em(b["cell_id"], clean) - em(b["cell_id"], c))
+                  - (em(a["cell_id"], clean) - em(a["cell_id"], c)) for c in conds]
+          agg = claims.Aggregate(float(np.mean(vals)), None, None, len(vals))
+        seeds.append(claims.SeedDifference(s, agg))
+    parts = []
+    for tag in KNOBS:
+      if tag not in per_knob:
         continue
-      agg = None if workdir is None else _h3_items(
-          workdir, a, b, conds, load, seed=seed, num_resamples=num_resamples)
-      by_items.append(agg is not None)
-      if agg is None:
-        vals = [(em[(b["cell_id"], aggregate.CLEAN)] - em[(b["cell_id"], c)])
-                - (em[(a["cell_id"], aggregate.CLEAN)] - em[(a["cell_id"], c)]) for c in conds]
-        agg = claims.Aggregate(float(np.mean(vals)), None, None, len(vals))
-      per_seed.append(claims.SeedDifference(s, agg))
-    d = claims.Difference("graceful", tuple(per_seed))
-    label = (H3_ITEMS if by_items and all(by_items) else H3_CONDITIONS if not any(by_items)
+      seeds, paired_items, names = per_knob[tag]
+      how = (H3_ITEMS if all(paired_items) else H3_CONDITIONS if not any(paired_items)
              else H3_ITEMS + "; seeds without per-condition rows: n = conditions, no CI")
-    out.append(claims.combine(
-        f"H3 {g['name']}, {g['variant']}",
-        "CER loses less EM than the baseline when δ, n or η shift at test time",
-        [(label, d, +1)]))
+      values = ", ".join(sorted((c.split("=")[1] for c in names), key=float))
+      parts.append((f"{KNOBS[tag][1]} grows ({values}): baseline EM drop − CER EM drop "
+                    f"(mean over those conditions; {how})",
+                    claims.Difference(f"graceful {tag}", tuple(seeds)), +1))
+    name = f"H3 {g['name']}, {g['variant']}"
+    statement = "CER loses less EM than the baseline as δ, n and η grow at test time"
+    if parts:
+      out.append(claims.combine(name, statement, parts))
+    else:
+      out.append(claims.Claim(name, statement, claims.UNTESTED,
+                              "no test condition raises δ, n or η above its training value"))
   return out
 
 
+H4_FAMILIES = ("attention", "ssm")   # SPEC §6 H4: across attention and SSM interfaces
+
+
 def h4_claims(comps: Sequence[dict]) -> list[claims.Claim]:
-  """H4 per CER variant: the fixed-denominator H2 holds for every architecture."""
+  """H4 per CER variant: the fixed-denominator H2 holds for every architecture compared,
+  which must include attention and ssm (else untested, naming the missing ones)."""
   by_variant: dict = {}
   for c in comps:
-    by_variant.setdefault(c["variant"], []).extend(
-        x for x in h2_claims([c]) if x.name.endswith("(fixed denominator)"))
-  return [claims.across(f"H4 {v}", "H2 holds for every architecture", cs)
-          for v, cs in sorted(by_variant.items())]
+    cs, fams = by_variant.setdefault(c["variant"], ([], set()))
+    cs.extend(x for x in h2_claims([c]) if x.name.endswith("(fixed denominator)"))
+    fams.add(dict(c["setting"]).get("model.family"))
+  out = []
+  for v, (cs, fams) in sorted(by_variant.items()):
+    name, statement = f"H4 {v}", "H2 holds for every architecture (attention and SSM among them)"
+    missing = [f for f in H4_FAMILIES if f not in fams]
+    if missing:
+      out.append(claims.Claim(name, statement, claims.UNTESTED,
+                              f"no {' or '.join(missing)} cell pairs with a baseline",
+                              "every part supported"))
+    else:
+      out.append(claims.across(name, statement, cs))
+  return out
 
 
 def grid_claims(workdir: str, rows: Sequence[dict], results: Sequence[dict], *,
