@@ -122,3 +122,22 @@ def test_distractor_injection_keeps_evidence_adds_hard_negatives(cfg_name, atr_d
   eligible = ~hard_plus & (plus.line_kind != int(LineKind.EVIDENCE))
   n, k = int(eligible.sum()), int((hard & eligible).sum())
   assert abs(k - n * cfg.delta) <= 3 * np.sqrt(n * cfg.delta * (1 - cfg.delta))
+
+
+@pytest.mark.parametrize("cfg_name", CONFIGS)
+def test_removal_puts_a_filler_passage_in_place_of_the_evidence(cfg_name, atr_data,
+                                                                 atr_corrupted):
+  """SPEC §3 'removal (the evidence passage → a filler passage of equal length)': every
+  line of the former evidence passage is a filler line in D− (no evidence-format line,
+  so no hard negative that a patch of E(D+) would leave behind); other passages stay."""
+  from ceu_jax.data.types import LineKind  # pylint: disable=g-import-not-at-top
+  cfg, plus, minus = _pair(cfg_name, "removal", atr_data, atr_corrupted)
+  lines = np.asarray(plus.line_ids)
+  for r in np.nonzero(plus.has_evidence)[0]:
+    ev_line = int(lines[r][plus.evidence_mask[r]][0])
+    passage = int(plus.passage_ids[r][plus.evidence_mask[r]][0])
+    in_passage = sorted({int(l) for l in lines[r][plus.passage_ids[r] == passage] if l >= 0})
+    assert ev_line in in_passage
+    assert all(minus.line_kind[r][l] == LineKind.FILLER for l in in_passage), r
+    others = [l for l in range(len(plus.line_kind[r])) if l not in in_passage]
+    np.testing.assert_array_equal(minus.line_kind[r][others], plus.line_kind[r][others])

@@ -1,9 +1,12 @@
 """Surface statistics are preserved: a bag-of-tokens classifier cannot tell D+ from D−.
 
-For each evidence corruption, a scikit-learn logistic regression on the token
-counts of the context (query not shown) is trained on (D+, D−) pairs of 70% of
-the examples with evidence and scored on the other 30%; held-out accuracy must
-be <= 0.55 (chance 0.5; the standard error is about 0.012-0.015 here).
+For each corruption that swaps the evidence for matched content, a scikit-learn
+logistic regression on the token counts of the context (query not shown) is trained
+on (D+, D−) pairs of 70% of the examples with evidence and scored on the other 30%;
+held-out accuracy must be <= 0.55 (chance 0.5; the standard error is about
+0.012-0.015 here). Removal is not one of them: SPEC §3 puts a filler passage where
+the evidence passage was, a visible change of the line mix like distractor injection
+(tests/test_corruptions_properties.py checks what it puts there).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def held_out_accuracy(plus_ctx, minus_ctx, vocab_size: int, seed: int = 0) -> fl
   return float(clf.score(*stack(test)))
 
 
-@pytest.mark.parametrize("corruption", ("value_swap", "evidence_swap", "removal"))
+@pytest.mark.parametrize("corruption", ("value_swap", "evidence_swap"))
 @pytest.mark.parametrize("cfg_name", ("vfk_n128", "kfv_n256"))
 def test_bag_of_tokens_cannot_detect_corruption(cfg_name, corruption, atr_data,
                                                 atr_corrupted):

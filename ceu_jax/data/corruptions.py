@@ -101,18 +101,16 @@ def _fresh_lines(cfg: ATRConfig, ex: dict, key: jax.Array, kinds: jax.Array):
 
 
 def _removal(cfg: ATRConfig, ex: dict, key: jax.Array) -> dict:
-  """The evidence passage is replaced by a freshly sampled passage of equal length
-  without the evidence: its evidence slot becomes a same-format distractor line and
-  its other lines are redrawn from the generator's non-evidence distribution, so
-  surface (bag-of-token) statistics are those of any other passage."""
-  k_kind, k_lines = jax.random.split(key)
+  """The evidence passage is replaced by a filler passage of equal length (SPEC §3):
+  every line of it becomes a freshly sampled filler line ("NOTE w w w ."), so D− loses
+  the evidence and gains no evidence-format line (no hard negative) that a patch of
+  E(D+) would leave in place."""
   lines, kinds = atr.context_to_lines(cfg, ex["context"]), ex["line_kind"]
   passage_of_line = jnp.asarray(atr.layout(cfg).passage_of_line)
   ev = _evidence_line(kinds)
   gone = (passage_of_line == passage_of_line[ev]) & ex["has_evidence"]
-  fresh_kinds = atr_lines.sample_kinds(cfg, k_kind, cfg.num_lines, cfg.delta)
-  fresh_kinds = fresh_kinds.at[ev].set(int(LineKind.DISTRACTOR))
-  fresh = _fresh_lines(cfg, ex, k_lines, fresh_kinds)
+  fresh_kinds = jnp.full_like(kinds, int(LineKind.FILLER))
+  fresh = _fresh_lines(cfg, ex, key, fresh_kinds)
   lines = jnp.where(gone[:, None], fresh, lines)
   kinds = jnp.where(gone, fresh_kinds, kinds)
   return _with_lines(cfg, ex, lines, kinds, jnp.zeros_like(ex["has_evidence"]))
