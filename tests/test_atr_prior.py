@@ -59,7 +59,8 @@ def test_rho_positive_query_only_beats_chance(atr_data):
 def test_memorisable_flags_the_pairs_whose_answer_never_varies(atr_data):
   """atr.memorisable against an independent reading of the data (ρ = 0.5): a flagged
   pair has one answer in every example that asks it, an unflagged pair asked ≥ 6 times
-  has several; ρ = 0 and key_for_value flag nothing; the strata split by has_evidence."""
+  has several; ρ = 0 flags nothing (key_for_value takes no prior); the strata split by
+  has_evidence."""
   from ceu_jax.data import atr  # pylint: disable=g-import-not-at-top
   cfg = _cfg("value_for_key", 0.5)
   b = atr_data(cfg, TRAIN)
@@ -84,5 +85,7 @@ def test_memorisable_flags_the_pairs_whose_answer_never_varies(atr_data):
   np.testing.assert_array_equal(strata["evidence_only"], ~mem & b.has_evidence)
   assert not atr.memorisable(_cfg("value_for_key", 0.0), b.query).any()
   assert atr.strata(_cfg("value_for_key", 0.0), b) == {}
-  kfv = _cfg("key_for_value", 0.5)
+  kfv = _cfg("key_for_value", 0.0)
   assert not atr.memorisable(kfv, atr_data(kfv, 64).query).any()
+  with pytest.raises(ValueError, match="data.rho must be 0 with data.variant 'key_for_value'"):
+    _cfg("key_for_value", 0.5)        # the prior fixes VALUEs, which kfv does not ask

@@ -46,6 +46,10 @@ class ATRConfig:
                        f"got {self.hard_negative_kinds!r}")
     for name in ("eta", "delta", "rho", "overlap_rate", "filler_rate", "paraphrase_rate"):
       check_unit(name, getattr(self, name))
+    if self.variant == "key_for_value" and self.rho > 0:
+      raise ValueError(f"data.rho must be 0 with data.variant 'key_for_value', got "
+                       f"{self.rho}: the prior fixes the VALUE of an (ID, KEY) pair, which "
+                       "a key_for_value query does not ask (its lines would break the prior)")
     check_int("value_len", self.value_len, 1, 8)
     check_int("num_passages", self.num_passages, 1)
     for name in ("n_ids", "n_keys", "n_values", "n_filler"):
