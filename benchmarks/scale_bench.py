@@ -14,7 +14,7 @@ estimated device-hours on an H100 and a TPU v5e (issue #20, item 5).
    the RNG's threefry loops are expected) and any other one is a MISS.
 2. CPU FLOP/s: the train step is run at a small batch and timed, next to a plain
    float32 matmul in the same run (its FLOPs also from cost_analysis).
-3. The grid: every cell of `configs/paper.py` (main, k_ablation, granularity), from
+3. The grid: every cell of `configs/paper.py` (each of `paper.VARIANTS`), from
    `ceu_jax.grid.sweep.expand`, costs num_steps x (train-step FLOPs and bytes), plus
    periodic evaluations and the grid's audits at FWD_PER_AUDITED forwards per example
    and corruption (L+, L−, three patched runs, correctness: an upper bound, the
@@ -476,7 +476,7 @@ def main(argv=None) -> dict:
     for name, d in DEVICES.items():
       print(f"  {name}: {d['source']}")
     out["grid" if impl == args.scan_impl else f"grid_{impl}"] = grid_out = {}
-    for variant in ("main", "k_ablation", "granularity"):
+    for variant in paper.VARIANTS:
       try:
         cells = grid_cells(variant)
       except ValueError as e:  # printed, never hidden

@@ -99,6 +99,25 @@ def test_smoke_worlds_and_seeds_expand_as_documented():
     smoke.get_config("full,world=mars")
 
 
+def test_every_paper_variant_expands_into_valid_cells():
+  """configs/paper.py: each variant's cells pass the grid's validation (k = 1 only with
+  the evidence term; the probe site f and H1's shortcut channels are swept)."""
+  from configs import paper  # pylint: disable=g-import-not-at-top
+  from ceu_jax.grid import sweep, validate  # pylint: disable=g-import-not-at-top
+  counts = {v: sweep.expand(paper.get_config(v), validate=validate.validate_cell)
+            for v in paper.VARIANTS}
+  assert {v: len(c) for v, c in counts.items()} == dict(main=972, k_ablation=36, sites=36,
+                                                        h1=54)
+  ks = {(c.config.cer.regularizer, c.config.cer.k) for c in counts["k_ablation"]}
+  assert ks == {("none", 1), ("evidence", 1), ("evidence_distractor", 2),
+                ("evidence_distractor", 3)}
+  assert {c.config.model.read_port for c in counts["sites"]} == {0, -1}
+  assert {(c.config.data.rho, c.config.model.bypass) for c in counts["h1"]} == {
+      (r, b) for r in (0.0, 0.5, 0.9) for b in (False, True)}
+  with pytest.raises(ValueError, match="variant must be one of"):
+    paper.get_config("granularity")
+
+
 def test_third_party_info_is_filtered_ours_and_warnings_kept():
   f = cli._ThirdPartyInfoFilter()  # pylint: disable=protected-access
   ours = os.path.join(ROOT, "ceu_jax", "train", "loop.py")
