@@ -309,6 +309,30 @@ def test_pareto_names_every_setting_in_a_legend_outside_the_axes(tmp_path):
     assert np.all(edge > 0.95)
 
 
+def test_pareto_frontier_per_data_setting_and_k_gain_over_the_same_settings_baseline(tmp_path):
+  """SPEC §6: the frontier is over (λ, α), so settings of another training η are another
+  frontier; the k plot gains over the baseline of the same setting and is skipped when
+  no CER cell has one."""
+  def row(i, eta, reg, em, sup, k=1, ceu=0.5):
+    return {"condition": "clean", "index": i, "model.family": "attention", "data.eta": eta,
+            "cer.regularizer": reg, "cer.lambda_ev": 0.0 if reg == "none" else 1.0,
+            "cer.k": k, "em": em, "supported_0.5": sup, "ceu_ev": ceu}
+  rows = [row(0, 0.0, "none", 0.95, 0.3), row(1, 0.0, "evidence", 0.9, 0.6),
+          row(2, 0.3, "none", 0.7, 0.5), row(3, 0.3, "evidence", 0.65, 0.7)]
+  _, ax = grid_plots.pareto_figure(rows, frontier_by=("data.eta",))
+  lines = [l for l in ax.get_lines() if len(l.get_xdata()) > 1]
+  assert sorted(sorted(l.get_xdata()) for l in lines) == [[0.65, 0.7], [0.9, 0.95]]
+  _, ax = grid_plots.pareto_figure(rows)             # one family, one frontier (as before)
+  assert len([l for l in ax.get_lines() if len(l.get_xdata()) > 1]) == 1
+  cer = [row(4, 0.0, "evidence", 0.9, 0.6, k=2, ceu=0.9),
+         row(5, 0.0, "evidence", 0.9, 0.6, k=1, ceu=0.7)]
+  fields = ["cer.k", "cer.lambda_ev", "cer.regularizer", "data.eta", "model.family"]
+  with pytest.raises(grid_plots.Skipped, match="no CER cell has a baseline"):
+    grid_plots.plot_k_gain(cer, str(tmp_path / "k"), fields)
+  paths = grid_plots.plot_k_gain(cer + [rows[0]], str(tmp_path / "k"), fields)
+  assert os.path.exists(paths[0])
+
+
 def test_aggregation_excludes_cells_of_an_earlier_config(tmp_path):
   from ceu_jax.grid import main as grid_main
   old = base_config()

@@ -129,11 +129,13 @@ def plot_vs(rows: Sequence[dict], x: str, metrics=("em", "ceu_ev"), stem: str = 
 
 
 def plot_pareto(rows: Sequence[dict], stem: str, label: Callable[[dict], str] = series_label,
-                bars: str = "95% CI") -> list[str]:
-  """Clean EM vs supported-answer rate per setting, error bars, the frontier per family."""
-  fig, ax = pareto_figure(rows, label)
+                bars: str = "95% CI", frontier_by: Sequence[str] = ()) -> list[str]:
+  """Clean EM vs supported-answer rate per setting, error bars, the frontier per family
+  (and per value of each `frontier_by` field: settings of other data or models)."""
+  fig, ax = pareto_figure(rows, label, frontier_by)
+  per = "architecture" + "".join(f" × {f.split('.')[-1]}" for f in frontier_by)
   ax.set_title("Accuracy vs supported answers (clean test condition)\n"
-               f"error bars: {bars}; line: Pareto frontier per architecture", fontsize=9)
+               f"error bars: {bars}; line: Pareto frontier per {per}", fontsize=9)
   ax.set_xlabel("clean exact match (fraction)")
   ax.set_ylabel("supported-answer rate at τ=0.5 (fraction)")
   ax.grid(alpha=0.3)
@@ -144,11 +146,14 @@ def plot_pareto(rows: Sequence[dict], stem: str, label: Callable[[dict], str] = 
 MARKERS = "osD^vP*Xh<>p"
 
 
-def pareto_figure(rows: Sequence[dict], label: Callable[[dict], str] = series_label):
+def pareto_figure(rows: Sequence[dict], label: Callable[[dict], str] = series_label,
+                  frontier_by: Sequence[str] = ()):
   """(figure, axes) of the Pareto plot: one point with x/y error bars (<m>_lo/_hi) per
-  setting, colour by architecture, marker by the rest of the setting, frontier per
-  architecture through the means. Settings are named in a legend outside the axes,
-  never by text on the points, so no two labels can overlap."""
+  setting, colour by architecture, marker by the rest of the setting, a frontier through
+  the means per architecture and value of every `frontier_by` field (SPEC §6: the
+  frontier is over (λ, α); settings of other η, δ, n score other test sets and are not
+  points of one frontier). Settings are named in a legend outside the axes, never by
+  text on the points, so no two labels can overlap."""
   clean = [r for r in rows if r.get("condition") == "clean"]
   finite = [r for r in clean if np.isfinite(number(r.get("em")))
             and np.isfinite(number(r.get("supported_0.5")))]
@@ -168,9 +173,10 @@ def pareto_figure(rows: Sequence[dict], label: Callable[[dict], str] = series_la
     ax.errorbar([x], [y], xerr=xerr, yerr=yerr,
                 fmt=markers[label(r).split(" / ", 1)[-1]], color=colors[str(r.get(FAMILY))],
                 ms=6, capsize=2, lw=0.8, label=label(r))
-  for family in families:
-    pts = np.asarray([(number(r.get("em")), number(r.get("supported_0.5"))) for r in finite
-                      if str(r.get(FAMILY)) == family])
+  by = tuple(frontier_by)
+  for (family, *_), group in _group(finite, lambda r: (str(r.get(FAMILY)),) + tuple(
+      str(r.get(f)) for f in by)).items():
+    pts = np.asarray([(number(r.get("em")), number(r.get("supported_0.5"))) for r in group])
     front = pareto_front(pts)
     ax.plot(front[:, 0], front[:, 1], color=colors[family], alpha=0.5, lw=1)
   ax.margins(0.08)
@@ -190,24 +196,33 @@ def pareto_front(points: np.ndarray) -> np.ndarray:
   return np.asarray(sorted(map(tuple, keep)))
 
 
-def plot_k_gain(rows: Sequence[dict], stem: str) -> list[str]:  # pylint: disable=too-many-locals
-  """CEU_ev gain over the family's baseline, per extra forward pass, against k."""
+def plot_k_gain(rows: Sequence[dict], stem: str, setting: Sequence[str] = ()) -> list[str]:  # pylint: disable=too-many-locals
+  """CEU_ev gain over the baseline of the same setting, per extra forward pass, against k.
+
+  `setting`: the config fields of a setting (seeds.setting_fields); a CER row is paired
+  with the baseline row ('none') whose non-`cer.*` fields are the same, and the gains are
+  averaged per family and k over the settings that pair. Skipped when fewer than two k
+  have CER rows, or when no CER row has a baseline."""
   clean = [r for r in rows if r.get("condition") == "clean"]
   ks = _distinct(r.get("cer.k") for r in clean if r.get(REG, "none") != "none")
   if len(ks) < 2:
     raise Skipped(f"the CER cells use {len(ks)} value(s) of k {[int(k) for k in ks]}: "
                   "no trend in k to plot")
+  same = [f for f in setting if not f.startswith("cer.")]
+  key = lambda r: tuple(str(r.get(f)) for f in same) + (str(r.get(FAMILY)),)
+  base = {key(r): number(r.get("ceu_ev")) for r in clean if r.get(REG, "none") == "none"}
+  gains: dict = collections.defaultdict(list)          # (family, k) -> gains per setting
+  for r in clean:
+    if r.get(REG, "none") != "none" and key(r) in base:
+      k = number(r.get("cer.k"))
+      gains[(str(r.get(FAMILY)), k)].append((number(r.get("ceu_ev")) - base[key(r)]) / k)
+  if not gains:
+    raise Skipped("no CER cell has a baseline cell of the same setting to gain over")
   fig = plotting.figure(figsize=(5.5, 4.2))
   ax = fig.subplots()
-  for (family,), series in _group(clean, lambda r: (r.get(FAMILY),)).items():
-    base = [number(r.get("ceu_ev")) for r in series if r.get(REG, "none") == "none"]
-    cer = [r for r in series if r.get(REG, "none") != "none"]
-    if not base or not cer:
-      continue
-    by_k = _group(cer, lambda r: (number(r.get("cer.k")),))
-    ks = sorted(k for (k,) in by_k)
-    gains = [np.nanmean([number(r.get("ceu_ev")) - base[0] for r in by_k[(k,)]]) / k for k in ks]
-    ax.plot(ks, gains, marker="o", label=family)
+  for family in sorted({f for f, _ in gains}):
+    ks = sorted(k for f, k in gains if f == family)
+    ax.plot(ks, [np.nanmean(gains[(family, k)]) for k in ks], marker="o", label=family)
   ax.axhline(0, color="grey", lw=0.8)
   return _finish(fig, ax, "probes per example k (extra forward passes)",
                  "CEU_ev gain over baseline per extra forward (fraction)",

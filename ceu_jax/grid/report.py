@@ -323,9 +323,10 @@ def write_report(workdir: str, rows: Sequence[dict], results: Sequence[dict],
     for x in ("delta_test", "n_test", "eta_test"):
       draw(x, lambda x=x: plot_vs(agg, x, stem=os.path.join(
           plots_dir, f"em_ceu_vs_{x.split('_')[0]}"), label=label, band=spread))
+    others = [f for f in varying if not f.startswith("cer.") and f != FAMILY]
     draw("pareto", lambda: plot_pareto(agg, os.path.join(plots_dir, "pareto_em_supported"),
-                                       label=label, bars=spread))
-    draw("k", plot_k_gain, agg, os.path.join(plots_dir, "ceu_gain_per_forward_vs_k"))
+                                       label=label, bars=spread, frontier_by=others))
+    draw("k", plot_k_gain, agg, os.path.join(plots_dir, "ceu_gain_per_forward_vs_k"), fields)
   draw("hist", plot_ceu_histograms, load_examples(workdir, results, label),
        os.path.join(plots_dir, "ceu_ev_hist_correct"))
   parts = [f"# {title}", "",
