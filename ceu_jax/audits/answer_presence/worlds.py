@@ -263,7 +263,8 @@ class ATRWorld(_World):
     return (f"{summary['n_records']} ATR-insert test examples (smoke world: n = {d.context_len}, "
             f'{d.num_passages} passages, {d.n_values} values, ρ = {d.rho}, δ = {d.delta}, '
             f'η = {d.eta}); readers trained as in the smoke grid ({steps}). Rewriters: B2 '
-            f'keeps lines with the query ID, B3 with its KEY, B4 with both; p_drop = {x.p_drop}, '
+            f'keeps lines with the query ID, B3 with its KEY, B4 = B2\'s compile verified by B3\'s '
+            f'KEY filter; p_drop = {x.p_drop}, '
             f'p_surface = {x.p_surface}. Score: EM × 100 (= token F1 for one-token values); '
             'present = the gold VALUE token anywhere; companion = the evidence line present. '
             'Panel arms are padded to the longest sentinel (3 tokens).')
@@ -406,7 +407,8 @@ class SeparateWorld(ATRWorld):
   def describe(self, summary):
     x = self.config.atr
     return (super().describe(summary).replace('Rewriters: B2 keeps lines with the query ID, B3 '
-                                              'with its KEY, B4 with both; ', '')
+                                              "with its KEY, B4 = B2's compile verified by B3's "
+                                              'KEY filter; ', '')
             + f' Rewriters (separate variant): B2 keeps the lines with the query ID (p_drop = '
             f'{x.p_drop}, no surfacing); where its compile lacks the evidence line, Bev adds the '
             f'full evidence line and Bval the bare gold VALUE ("NOTE v w w w w .") into the same '
