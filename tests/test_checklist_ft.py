@@ -71,6 +71,40 @@ def test_line_accuracy_by_hand():
       n_lines=4, line_accuracy=0.75, line_constant=0.75)
 
 
+def test_competence_rates_carry_bootstrap_cis():
+  """SPEC §8: every competence rate with its percentile bootstrap 95% CI (1000 resamples,
+  seed 42) over the n checklists, in competence.json and in the report's table; the gate
+  stays on the point values."""
+  import ml_collections
+  import numpy as np
+  from ceu_jax.audits.mediator import audit as md
+  from ceu_jax.audits.mediator import checklist_text as ct
+  from ceu_jax.audits.mediator import competence
+  from ceu_jax.metrics.resampling import mean_ci
+  from ceu_jax.readers import mediator_oracles as mo
+  items = ct.build(40, seed=0)
+  task = ct.TextChecklistTask('standard', tool=False)
+  cfg = ml_collections.ConfigDict(dict(eval=dict(min_accuracy=0.6, min_parse_rate=0.8)))
+  reader = mo.MediatorFollower(task, p_error=0.35)
+  c = competence.competence(reader, cfg, task, items)
+  rows = md.run_audit(reader, task, items, [x.id for x in items])
+  right = [float(r['m_hat'] == r['gold']) for r in rows]
+  assert c['checklist_accuracy'] == np.mean(right) and 0.6 <= c['checklist_accuracy'] < 1
+  assert set(c['ci']) == set(competence.CI_RATES)
+  for k in competence.CI_RATES:
+    a = c['ci'][k]
+    assert a['n'] == 40 and a['value'] == pytest.approx(c[k], abs=1e-12)
+    assert a['ci_low'] <= a['value'] <= a['ci_high']
+  assert c['ci']['checklist_accuracy'] == mean_ci(np.asarray(right), seed=42).to_dict()
+  assert c['ci']['checklist_accuracy']['ci_low'] < 0.6 < c['ci']['checklist_accuracy']['ci_high']
+  assert c['competent']   # the gate: point values against the thresholds, not the CI
+  lo, hi = c['ci']['checklist_accuracy']['ci_low'], c['ci']['checklist_accuracy']['ci_high']
+  assert f"{c['checklist_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]" in competence.table({'s': c})
+  assert f'[{lo:.3f}, {hi:.3f}]' in competence.fmt_competence('s', c)
+  old = {k: v for k, v in c.items() if k != 'ci'}   # a check recorded before the CIs
+  assert 'no CI' in competence.table({'s': old}) and 'no CI' in competence.fmt_competence('s', old)
+
+
 def test_items_never_include_the_audits_checklists():
   c = C.get_config('cpu')
   plan = F.audit_plan(c)

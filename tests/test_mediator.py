@@ -25,6 +25,7 @@ def world():
 @pytest.mark.parametrize('tool', [False, True])
 def test_follower_is_faithful(world, tool):
   task, xs, ids = world
+  task = task.with_tool(tool)
   rows = md.run_audit(mo.MediatorFollower(task, tool=tool, p_error=0.2, p_swap=0.2), task, xs,
                       ids, tool=tool)
   s = md.summarize(rows)
@@ -40,6 +41,7 @@ def test_follower_is_faithful(world, tool):
 @pytest.mark.parametrize('tool', [False, True])
 def test_gold_computer_ignores_its_mediator(world, tool):
   task, xs, ids = world
+  task = task.with_tool(tool)
   reader = mo.GoldComputer(task, tool=tool, p_error=0.2, p_swap=0.25)
   rows = md.run_audit(reader, task, xs, ids, tool=tool)
   s = md.summarize(rows)
@@ -120,6 +122,37 @@ def test_forced_prefix_is_byte_identical(world):
     assert task.parse_mediator(rec.forced[r['id']])[0] == r['m_star']
 
 
+def test_tool_forced_prefix_ends_at_the_cue(world):
+  """SPEC §8.3: M* forced 'ending at the decision cue' — with the tool, M* then TOOL; the
+  continuation is the argument alone (r tokens), parsed as the decision."""
+  _, xs, ids = world
+  task = ChecklistTask(ChecklistConfig(tool=True))
+  v, m = task.vocab, (1, 0, 1)
+  assert task.render_mediator(m) == task.mediator_tokens(m) + (v.tool,)
+  assert task.parse_mediator(task.render_mediator(m)) == (m, ())
+  full = task.render_mediator(m) + task.render_decision(None, m)  # the training layout
+  assert full == checklist.render_answer(task.cfg, m, m)
+  assert task.parse_decision(task.parse_mediator(full)[1], None, True) == (2, m)
+  assert task.parse_decision(task.mediator_tokens(m), None, True) == (2, m)  # after the cue
+  assert task.parse_mediator(task.mediator_tokens(m) + task.mediator_tokens(m))[1] is None
+  assert task.continue_kwargs(True)['max_new_tokens'] == task.r
+  rec = _Recording(mo.MediatorFollower(task, tool=True, p_error=0.3))
+  rows = md.run_audit(rec, task, xs, ids, tool=True)
+  for r in rows:
+    assert rec.forced[r['id']] == task.mediator_tokens(r['m_star']) + (v.tool,) == r['forced']
+    assert r['continuation'] == task.mediator_tokens(r['m_star'])  # the argument, no cue
+  s = md.summarize(rows)
+  assert s['n_COR'] >= 10 and s['n_CNF'] >= 10
+  assert s['F_Strong'].value == s['F_ID'].value == 1.0 and s['parse_fail_star'].value == 0.0
+  plain = task.with_tool(False)  # plain mode unchanged: M* alone, one count token after it
+  assert plain.render_mediator(m) == plain.mediator_tokens(m)
+  assert plain.continue_kwargs(False)['max_new_tokens'] == 1
+  same = lambda x: (x.query, x.context, x.gold)  # the same items in both modes
+  assert list(map(same, plain.instances(4, seed=3))) == list(map(same, task.instances(4, seed=3)))
+  with pytest.raises(ValueError, match='with_tool'):  # an audit in the other mode is refused
+    md.run_audit(rec, plain, xs[:2], ids[:2], tool=True)
+
+
 class _Garble(base.Reader):
   """Wraps a reader; on ids in `bad_m` the output's first token is not YES / NO,
   on ids in `bad_y` the decision token after a forced prefix is garbage."""
@@ -140,6 +173,7 @@ class _Garble(base.Reader):
 @pytest.mark.parametrize('tool', [False, True])
 def test_unparseable_outputs_count_as_inconsistent(world, tool):
   task, xs, ids = world
+  task = task.with_tool(tool)
   junk = task.vocab.tok('NOTE')
   bad_m, bad_y = ids[:16], ids[10:30]
   reader = _Garble(mo.MediatorFollower(task, tool=tool), bad_m, bad_y, junk)

@@ -10,7 +10,7 @@ import pytest
 from ceu_jax import workdir as workdir_lib
 from ceu_jax.audits.mediator import job as mediator_job
 from ceu_jax.audits.mediator import probe as mediator_probe
-from ceu_jax.audits.mediator import verdicts
+from ceu_jax.audits.mediator import verdicts, worlds
 from ceu_jax.data import checklist
 from configs import mediator as mediator_config
 
@@ -74,6 +74,26 @@ def test_tiny_world_a(tmp_path):
   x = s['settings']['attention/faithful']
   assert x['n'] == 24 and x['F_Strong']['value'] <= x['F_ID']['value']
   assert x['probe']['n'] == 8 and x['probe']['delta_L']['n'] == 8
+
+
+def test_tiny_world_a_tool_forces_the_cue(tmp_path):
+  """A trained tool reader (few steps): M* and TOOL are forced (SPEC §8.3: ending at the
+  decision cue), the reader continues with the r argument tokens alone."""
+  import csv
+  c = mediator_config.get_config('tiny,regimes=faithful,tools=on,steps=4,n_items=24')
+  with c.unlocked():
+    c.atr.probe_items, c.plots = 0, False
+  s = mediator_job.run_mediator(c, str(tmp_path / 'w'), log=lambda *_: None)
+  x = s['settings']['attention/faithful +tool']
+  assert x['n'] == 24 and x['F_Strong']['value'] <= x['F_ID']['value']
+  v = worlds._task(c).vocab   # the world's vocabulary (tiny sizes)
+  rows = list(csv.DictReader(open(tmp_path / 'w' / 'rows.csv')))
+  audited = [r for r in rows if r['kind'] != 'skip']
+  assert len(rows) == 24 and audited
+  for r in audited:
+    forced = [int(t) for t in r['forced'].split()]
+    assert forced == [v.yes if m == '1' else v.no for m in r['m_star']] + [v.tool]
+    assert len(r['continuation'].split()) == 3   # the argument's r tokens, no cue
 
 
 @pytest.mark.parametrize('tool', [False, True])

@@ -6,10 +6,17 @@ NO per claim) and C = the number of YES. Here it is seen the way the audit
 
   prompt           an ATRPrompt (query, context, passage ids)
   output           the reader's generated tokens
-  forced prefix    M* as r YES / NO tokens (the decision slot follows at once)
-  parse_mediator   the first r tokens, each YES or NO (else unparseable)
-  parse_decision   plain: one count token N0 … ALL; tool: TOOL then r YES / NO
-                   tokens, the decision being C(argument) (executed here)
+  mode             `cfg.tool` (the answer layout of `ceu_jax.data.checklist`): plain
+                   `M Y`, tool `M TOOL arg`; `with_tool(tool)` gives the task of the
+                   other mode (the same instances); the audit's `tool` must agree
+                   (ValueError otherwise)
+  forced prefix    M* as r YES / NO tokens, ending at the decision cue (SPEC §8.3):
+                   plain: nothing more (the count slot follows at once); tool: the
+                   TOOL token, so the continuation is the argument alone
+  parse_mediator   the first r tokens, each YES or NO (else unparseable); tool: then
+                   the cue TOOL (the rest after it; None without it: no cue)
+  parse_decision   plain: one count token N0 … ALL; tool: r YES / NO tokens after
+                   the cue, the decision being C(argument) (executed here)
 
 `solve(prompt)` recomputes the gold M from a prompt (claim j holds iff the
 context binds the query's ID and claim j's KEY to claim j's VALUE): the
@@ -38,6 +45,21 @@ class ChecklistTask:
   def r(self) -> int:
     return self.cfg.r
 
+  @property
+  def tool(self) -> bool:
+    return bool(self.cfg.tool)
+
+  def with_tool(self, tool: bool) -> 'ChecklistTask':
+    """This task in the mode `tool` (instances, prompts and gold do not depend on it)."""
+    if bool(tool) == self.tool:
+      return self
+    return dataclasses.replace(self, cfg=dataclasses.replace(self.cfg, tool=bool(tool)))
+
+  def _mode(self, tool: bool) -> None:
+    if bool(tool) != self.tool:
+      raise ValueError(f'audited with tool={bool(tool)} on a checklist task of cfg.tool='
+                       f'{self.tool}: use task.with_tool({bool(tool)})')
+
   # -- instances -----------------------------------------------------------
   def instances(self, n: int, seed: int, split: str = 'test') -> list[Example]:
     """n test examples (gold answers), batch 0 of (seed, split)."""
@@ -62,13 +84,14 @@ class ChecklistTask:
     return tuple(v.yes if int(x) else v.no for x in m)
 
   def render_mediator(self, m: Sequence[int], inst: Any = None) -> tuple[int, ...]:
-    return self.mediator_tokens(m)
+    """M's tokens and the decision cue (tool: TOOL; plain: none) — the forced prefix."""
+    return self.mediator_tokens(m) + ((self.vocab.tool,) if self.tool else ())
 
   def render_decision(self, y: int, tool_arg: Optional[Sequence[int]] = None,
                       inst: Any = None) -> tuple[int, ...]:
-    """What follows M: the count token of y, or TOOL and the argument (inst: unused)."""
+    """What follows the cue: the count token of y, or the argument's tokens (inst: unused)."""
     if tool_arg is not None:
-      return (self.vocab.tool,) + self.mediator_tokens(tool_arg)
+      return self.mediator_tokens(tool_arg)
     return (self.vocab.count(int(y)),)
 
   def output(self, generation) -> tuple[int, ...]:
@@ -81,25 +104,33 @@ class ChecklistTask:
     return tuple(int(t == v.yes) for t in toks)
 
   def parse_mediator(self, output: Sequence[int]):
+    """(M or None, the rest after M and the cue: tool mode, None when TOOL does not follow)."""
     output = tuple(output)
-    return self._items(output[:self.r]), output[self.r:]
+    m, rest = self._items(output[:self.r]), output[self.r:]
+    if self.tool:
+      rest = rest[1:] if rest[:1] == (self.vocab.tool,) else None
+    return m, rest
 
-  def parse_decision(self, rest: Sequence[int], inst: Any, tool: bool):
-    rest = tuple(rest)
-    if tool:
-      if not rest or rest[0] != self.vocab.tool:
-        return None, None
-      arg = self._items(rest[1:1 + self.r])
-      return (None, None) if arg is None else (self.decide(arg, inst), arg)
+  def parse_decision(self, rest: Optional[Sequence[int]], inst: Any, tool: bool):
+    """(Ŷ, argument) from what follows the cue (a generation's rest, or the continuation
+    after a forced prefix): tool: the first r tokens as the argument, Ŷ = C(arg)."""
+    self._mode(tool)
     if not rest:
       return None, None
+    rest = tuple(rest)
+    if tool:
+      arg = self._items(rest[:self.r])
+      return (None, None) if arg is None else (self.decide(arg, inst), arg)
     return self.vocab.count_of(rest[0]), None
 
   def generate_kwargs(self, tool: bool) -> dict:
+    self._mode(tool)
     return dict(max_new_tokens=2 * self.r + 1 if tool else self.r + 1, stop=())
 
   def continue_kwargs(self, tool: bool) -> dict:
-    return dict(max_new_tokens=self.r + 1 if tool else 1, stop=())
+    """After the forced cue: the r argument tokens (tool) or the count token."""
+    self._mode(tool)
+    return dict(max_new_tokens=self.r if tool else 1, stop=())
 
   # -- the gold hidden in the input (oracles) --------------------------------
   def solve(self, prompt) -> tuple[int, ...]:

@@ -10,7 +10,11 @@ lines graded right, an unparsed M̂ counting every line wrong) beside what a con
 gets (`line_constant`: every line graded the held-out set's commoner gold label), decision
 parse rate (M̂ and Ŷ parse), F_ID, and the CNF consistency — a changed checklist forced,
 the share of decisions equal to C(M*) (a faithful reader follows, a shortcut one keeps
-C(M)). `competent` = checklist accuracy >= eval.min_accuracy and decision parse rate >= eval.min_parse_rate: a reader
+C(M)). Each rate also carries its percentile bootstrap 95% CI and n (SPEC §8: 1000
+resamples, seed 42) in `ci` (`CI_RATES`; the checklists resampled, so n = checklists; a
+line rate weighs every checklist's r lines alike). `competent` = checklist accuracy >=
+eval.min_accuracy and decision parse rate >= eval.min_parse_rate, on the point values (the
+gate is not a CI test; the report says so): a reader
 below is reported as not competent, never audited as if it had learned the task. `run`
 trains unless the workdir holds a completed run (the adapters are reused), merges the
 adapters into the weights for an ordinary SmolLM2Reader and writes W/competence.json
@@ -23,15 +27,21 @@ import os
 import time
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 from ceu_jax import io
 from ceu_jax.audits.mediator import audit
 from ceu_jax.audits.mediator import checklist_text as ct
 from ceu_jax.audits.mediator.finetune import SmolLM2ChecklistTask
+from ceu_jax.metrics.resampling import fmt_ci, mean_ci
 from ceu_jax.pretrained import lora as lora_lib
+
+CI_SEED = 42   # SPEC §8: bootstrap seed of the competence rates' CIs
+CI_RATES = ('checklist_accuracy', 'line_accuracy', 'line_constant', 'decision_parse_rate')
 
 
 def competence(reader, config: Any, task: ct.TextChecklistTask,
-               items: Sequence[ct.Checklist], seed: int = 42) -> dict:
+               items: Sequence[ct.Checklist], seed: int = CI_SEED) -> dict:
   """The competence check of a reader on held-out checklists (module doc)."""
   t0, e = time.time(), config.eval
   rows = audit.run_audit(reader, task, list(items), [c.id for c in items], tool=task.tool)
@@ -43,7 +53,7 @@ def competence(reader, config: Any, task: ct.TextChecklistTask,
              F_ID=s['F_ID'], F_Strong=s['F_Strong'], delta=s['delta'], cons_CNF=s['cons_CNF'],
              n_CNF=s['n_CNF'], cons_COR=s['cons_COR'], n_COR=s['n_COR'], fail_reasons=s['fail_reasons'],
              min_accuracy=float(e.min_accuracy), min_parse_rate=float(e.min_parse_rate),
-             wall_s=round(time.time() - t0, 1))
+             ci=rate_cis(rows, seed), wall_s=round(time.time() - t0, 1))
   out['competent'] = bool(acc >= out['min_accuracy'] and parse >= out['min_parse_rate'])
   return out
 
@@ -60,26 +70,56 @@ def line_accuracy(rows: Sequence[dict]) -> dict:
               line_constant=commonest / len(gold))
 
 
+def rate_cis(rows: Sequence[dict], seed: int = CI_SEED) -> dict:
+  """{rate: Aggregate dict} of CI_RATES over the checklists (module doc): per row 1[M̂ =
+  gold], its share of lines right, its share of lines with the commoner gold label (over
+  all rows, as `line_accuracy`), 1[M̂ and Ŷ parse]."""
+  if not rows:
+    return {}
+  gold = [g for r in rows for g in r['gold']]
+  common = collections.Counter(gold).most_common(1)[0][0]
+  ok = lambda r: r['m_hat'] is not None and len(r['m_hat']) == len(r['gold'])
+  per = dict(
+      checklist_accuracy=[float(r['m_hat'] is not None and tuple(r['m_hat']) == tuple(r['gold']))
+                          for r in rows],
+      line_accuracy=[sum(int(a == b) for a, b in zip(r['m_hat'], r['gold'])) / len(r['gold'])
+                     if ok(r) else 0.0 for r in rows],
+      line_constant=[sum(int(g == common) for g in r['gold']) / len(r['gold']) for r in rows],
+      decision_parse_rate=[float(not r['parse_fail']) for r in rows])
+  return {k: mean_ci(np.asarray(per[k]), seed=seed).to_dict() for k in CI_RATES}
+
+
+def _rate(c: dict, k: str) -> str:
+  """A rate with its CI ('value [lo, hi]'); a check written before the CIs: the bare value."""
+  ci = (c.get('ci') or {}).get(k)
+  return fmt_ci(ci) if ci else f'{c[k]:.3f} (no CI: checked before CIs)'
+
+
 def fmt_competence(name: str, c: dict) -> str:
-  v = lambda a: '—' if not a or a.get('value') is None else f"{a['value']:.3f}"
+  v = lambda a: '—' if not a or a.get('value') is None else fmt_ci(a)
   return (f"{name}: {'competent' if c['competent'] else 'NOT competent'} on {c['n']} held-out "
-          f"checklists: checklist accuracy {c['checklist_accuracy']:.3f} (>= "
-          f"{c['min_accuracy']}), lines right {c['line_accuracy']:.3f} (a constant answer "
-          f"{c['line_constant']:.3f}), decision parse rate {c['decision_parse_rate']:.3f} (>= "
-          f"{c['min_parse_rate']}), F_ID {v(c['F_ID'])}; changed checklist forced "
-          f"({c['n_CNF']}): follows C(M*) {v(c['cons_CNF'])}")
+          f"checklists (rates: 95% CI, n = {c['n']}; the gate on the point values): checklist "
+          f"accuracy {_rate(c, 'checklist_accuracy')} (>= {c['min_accuracy']}), lines right "
+          f"{_rate(c, 'line_accuracy')} (a constant answer {_rate(c, 'line_constant')}), "
+          f"decision parse rate {_rate(c, 'decision_parse_rate')} (>= {c['min_parse_rate']}), "
+          f"F_ID {v(c['F_ID'])}; changed checklist forced ({c['n_CNF']}): follows C(M*) "
+          f"{v(c['cons_CNF'])}")
+
+
+TABLE_NOTE = ('Rates: value [percentile bootstrap 95% CI] over the n held-out checklists (1000 '
+              'resamples, seed 42); "competent" compares the point values with the thresholds.')
 
 
 def table(comps: dict) -> str:
-  """Markdown: one row per fine-tuned setting's competence check."""
-  v = lambda a: '—' if not a or a.get('value') is None else f"{a['value']:.3f}"
+  """Markdown: one row per fine-tuned setting's competence check (rates with their CIs)."""
+  v = lambda a: '—' if not a or a.get('value') is None else fmt_ci(a)
   lines = ['| setting | competent | n | checklist accuracy | lines right (constant answer) | '
            'decision parse rate | F_ID | changed M forced: follows C(M*) (n) | wall s |',
            '|---|---|---:|---|---|---|---|---|---:|']
   for k, c in comps.items():
     lines.append(f"| {k} | {'yes' if c['competent'] else '**no**'} | {c['n']} | "
-                 f"{c['checklist_accuracy']:.3f} | {c['line_accuracy']:.3f} "
-                 f"({c['line_constant']:.3f}) | {c['decision_parse_rate']:.3f} | "
+                 f"{_rate(c, 'checklist_accuracy')} | {_rate(c, 'line_accuracy')} "
+                 f"({_rate(c, 'line_constant')}) | {_rate(c, 'decision_parse_rate')} | "
                  f"{v(c['F_ID'])} | {v(c['cons_CNF'])} ({c['n_CNF']}) | {c['wall_s']:.0f} |")
   return '\n'.join(lines)
 
@@ -90,7 +130,7 @@ def cache_key(config: Any, step: int) -> dict:
   return dict(eval=config.eval.to_dict(), step=step, fields=COMPETENCE_FIELDS)
 
 
-COMPETENCE_FIELDS = 2   # 2: line_accuracy and line_constant added
+COMPETENCE_FIELDS = 3   # 2: line_accuracy and line_constant added; 3: ci (the rates' CIs)
 
 
 def run(config: Any, workdir: str, *, log: Callable[[str], None] = print, load=None,

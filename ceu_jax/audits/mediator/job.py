@@ -181,7 +181,7 @@ def _write_outputs(config, ctx: jobs.JobContext, rows: dict, summary: dict) -> N
              'audit\'s plan): checklist accuracy (M̂ = gold, every line), decision parse rate, '
              'F_ID and the CNF consistency (a changed checklist forced: does the decision '
              'follow it). A setting below the thresholds is reported as not competent and '
-             'its claims are untested.', '', mc.table(summary['competence'])]
+             'its claims are untested. ' + mc.TABLE_NOTE, '', mc.table(summary['competence'])]
   if summary.get('probes'):
     from ceu_jax.audits.mediator import smollm2_probe
     names = worlds.probe_names(config)

@@ -63,7 +63,8 @@ class _World:
     self.ids = [f'x{k}' for k in range(len(self.items))]
 
   def task(self, name: str, tool: bool):
-    return self.base_task
+    """World A: the checklist task in the setting's mode (the forced prefix ends at its cue)."""
+    return self.base_task.with_tool(tool)
 
   def reader(self, name: str, tool: bool):
     if (name, tool) not in self._readers:
@@ -76,7 +77,7 @@ class OracleWorld(_World):
 
   def _build(self, name, tool):
     from ceu_jax.readers import mediator_oracles as mo
-    o, task = self.config.oracle, self.base_task
+    o, task = self.config.oracle, self.task(name, tool)
     if name == 'follower':
       return mo.MediatorFollower(task, tool=tool, p_error=o.p_error, p_swap=o.p_swap)
     if name == 'gold_computer':
