@@ -85,6 +85,18 @@ def test_key_names_the_generator_version(monkeypatch):
   assert evalsets.config_name(_key()) != name
 
 
+def test_key_names_the_version_of_each_changed_corruption(monkeypatch):
+  """A set holding a corruption whose D− changed (removal's filler passage) is never
+  reused; a set without it keeps its key (and its files on disk)."""
+  from ceu_jax.data import corruptions  # pylint: disable=g-import-not-at-top
+  with_removal = _key(names=("value_swap", "removal"))
+  assert with_removal["corruption_versions"] == {"removal": corruptions.VERSIONS["removal"]}
+  assert "corruption_versions" not in _key(names=("value_swap",))
+  name = evalsets.config_name(with_removal)
+  monkeypatch.setitem(corruptions.VERSIONS, "removal", corruptions.VERSIONS["removal"] + 1)
+  assert evalsets.config_name(_key(names=("value_swap", "removal"))) != name
+
+
 def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
   calls = []
 

@@ -147,6 +147,10 @@ _PER_EXAMPLE: dict[str, Callable] = {
     "paraphrase": _paraphrase,
 }
 CORRUPTIONS = tuple(_PER_EXAMPLE)
+# Bumped when a corruption's D− for the same (config, seed, example) changes; part of the
+# key of materialised evaluation sets that hold it (evalsets.set_key), so none is reused
+# stale. removal 2: the evidence passage becomes a filler passage (SPEC §3; 394501b).
+VERSIONS = {"removal": 2}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 4))

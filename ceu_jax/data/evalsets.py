@@ -19,8 +19,9 @@ hard_negative_mask; evidence_mask and value_mask stay E(D+), conventions §1).
 
 Layout on disk (no TensorFlow needed to write or read):
   {data_dir}/atr_eval_set/cfg_{hash}/1.0.0/atr_eval_set-eval.array_record-*
-where `hash` is a stable hash of the data config, seed, size, corruptions and
-`atr.GENERATOR_VERSION` (a set from an older generator is never reused).
+where `hash` is a stable hash of the data config, seed, size, corruptions,
+`atr.GENERATOR_VERSION` and the held corruptions' `corruptions.VERSIONS` (a set from an
+older generator or corruption is never reused).
 A set is built into a temporary directory and moved into place with one
 `os.replace`, so an interrupted build never leaves a half-written set.
 
@@ -76,9 +77,11 @@ def _check_args(seed: int, num_examples: int, names: Sequence[str]) -> tuple[str
 
 def set_key(cfg: ATRConfig, seed: int, num_examples: int, names: Sequence[str]) -> dict:
   """The JSON-able identity of an evaluation set."""
+  versions = {n: corr.VERSIONS[n] for n in names if n in corr.VERSIONS}
   return dict(atr_config=dataclasses.asdict(cfg), seed=int(seed),
               num_examples=int(num_examples), corruptions=list(names), chunk=CHUNK,
-              format=FORMAT_VERSION, generator=atr.GENERATOR_VERSION)
+              format=FORMAT_VERSION, generator=atr.GENERATOR_VERSION,
+              **({"corruption_versions": versions} if versions else {}))
 
 
 def config_name(key: Mapping[str, Any]) -> str:
