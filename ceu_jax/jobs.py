@@ -176,7 +176,8 @@ class _Store:
 
 
 # ----------------------------------------------------------------------------- record
-def _plain(obj: Any) -> Any:
+def plain(obj: Any) -> Any:
+  """JSON-able copy of a config (ConfigDict or mapping): what W/job.json stores."""
   if hasattr(obj, "to_json_best_effort"):
     return json.loads(obj.to_json_best_effort(sort_keys=True))
   return json.loads(json.dumps(obj, sort_keys=True, default=str))
@@ -214,7 +215,7 @@ def check_record(job: Job, workdir: str, *, primary: bool = True, dry: bool = Fa
   """Step 2 of `run_job`: 'new' | 'resume' | 'moved' (see the module docstring).
   `dry`: only raise what would be refused (no writes; before the lock file exists)."""
   path = os.path.join(workdir, JOB_FILE)
-  new = _plain(job.record())
+  new = plain(job.record())
   primary = primary and not dry
   if not os.path.exists(path):
     legacy = os.path.join(workdir, workdir_lib.CONFIG_FILE)
@@ -323,7 +324,7 @@ def run_job(job: Job, workdir: str, *, log: Callable[[str], None] = print) -> di
           f"{'; ' + extra if extra else ''} ({prog.update(n_done)})")
     summary = job.summarize(ctx, results)
     summary = dict(summary, produced_by=dict(
-        job=job.name, config=_plain(job.record()), units=len(units),
+        job=job.name, config=plain(job.record()), units=len(units),
         units_this_run=len(units) - sum(done), wall_s_this_run=round(time.time() - t0, 1),
         versions=versions()))
     summary = json.loads(json.dumps(summary, default=_json_default))

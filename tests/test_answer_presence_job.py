@@ -56,6 +56,22 @@ def test_closed_book_reader_has_no_effects(tmp_path):
   assert effects and all(e['delta']['value'] == 0.0 for e in effects)
 
 
+def test_a_world_a_run_under_the_earlier_b4_is_not_resumed(tmp_path):
+  """World A's record carries the rewriters' version: a workdir whose job.json predates
+  it (B4 a fresh filter of the raw context) is refused, naming the field, never mixed;
+  other worlds' records are their configs, as before."""
+  from ceu_jax import jobs  # pylint: disable=g-import-not-at-top
+  from ceu_jax.audits.answer_presence import atr_world  # pylint: disable=g-import-not-at-top
+  a = job.AnswerPresenceJob(cfg.get_config('tiny'))
+  assert a.record()['rewriter_version'] == atr_world.REWRITER_VERSION == 2
+  old = {k: v for k, v in a.record().items() if k != 'rewriter_version'}
+  (tmp_path / jobs.JOB_FILE).write_text(json.dumps({'job': a.name, 'config': old}))
+  with pytest.raises(jobs.JobConfigError, match='rewriter_version'):
+    jobs.check_record(a, str(tmp_path), dry=True)
+  g = job.AnswerPresenceJob(cfg.get_config('tiny,world=generated'))
+  assert g.record() == jobs.plain(g.config)
+
+
 def test_bad_config_named(tmp_path):
   with pytest.raises(ValueError, match='config.reader'):
     job.run_answer_presence(cfg.get_config('tiny,world=generated,reader=gpt'),

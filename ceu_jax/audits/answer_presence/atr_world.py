@@ -59,6 +59,9 @@ PANEL_NAMES = {'[MASK]': 'mask', '[REMOVED]': 'removed', 'natural': 'deletion_ph
                'word': 'generic_word', 'symbol': 'symbol'}
 REWRITERS = {'B2': ('id',), 'B3': ('key',), 'B4': ('id', 'key')}  # kept when the line has these
 VERIFIED = {'B4': 'B2'}  # B4 verifies B2's compile (the lines it kept or surfaced)
+# Bumped when a rewriter's compile of the same record changes (part of the job's record,
+# so a run's units under an older definition are not resumed). 2: B4 = B2 verified by B.
+REWRITER_VERSION = 2
 BASELINES = ('B1',) + tuple(REWRITERS)
 
 

@@ -127,6 +127,16 @@ class AnswerPresenceJob(jobs.Job):
     self.world = worlds.make_world(config)  # validates before anything is built or written
     super().__init__(config)
 
+  def record(self):
+    """The config, and in World A the version of its rewriters' definition
+    (`atr_world.REWRITER_VERSION`): units computed under an older B4 are never resumed
+    with this one (the run is refused, naming the field)."""
+    rec = jobs.plain(self.config)
+    if self.config.world == 'atr':
+      from ceu_jax.audits.answer_presence import atr_world  # pylint: disable=g-import-not-at-top
+      rec['rewriter_version'] = atr_world.REWRITER_VERSION
+    return rec
+
   def prepare(self, ctx):
     self.world.prepare(ctx.workdir, ctx.log)
 
