@@ -177,3 +177,21 @@ def test_cor_cnf_figure_names_the_settings_it_has_no_point_for(monkeypatch):
                                         cons_CNF=cell(0.9), n_COR=5, n_CNF=145)}, 'unused')
   ax = figs[1].axes[0]
   assert ax.get_legend() is None and any('(n 5 / 145)' in t.get_text() for t in ax.texts)
+
+
+def test_a_world_a_tool_run_forced_the_earlier_way_is_not_resumed(tmp_path):
+  """World A with the tool records the forced prefix's version: a workdir whose job.json
+  predates it (M* without the TOOL cue) is refused, naming the field; without the tool
+  the record is the config, as before."""
+  import json  # pylint: disable=g-import-not-at-top
+  from ceu_jax import jobs  # pylint: disable=g-import-not-at-top
+  from ceu_jax.audits.mediator import checklist_world, job as mjob  # pylint: disable=g-import-not-at-top
+  from configs import mediator as mcfg  # pylint: disable=g-import-not-at-top
+  a = mjob.MediatorJob(mcfg.get_config('tiny,world=oracle,tools=on'))
+  assert a.record()['tool_prefix_version'] == checklist_world.TOOL_PREFIX_VERSION == 2
+  old = {k: v for k, v in a.record().items() if k != 'tool_prefix_version'}
+  (tmp_path / jobs.JOB_FILE).write_text(json.dumps({'job': a.name, 'config': old}))
+  with pytest.raises(jobs.JobConfigError, match='tool_prefix_version'):
+    jobs.check_record(a, str(tmp_path), dry=True)
+  off = mjob.MediatorJob(mcfg.get_config('tiny,world=oracle,tools=off'))
+  assert off.record() == jobs.plain(off.config)

@@ -31,6 +31,10 @@ from typing import Any, Optional, Sequence
 from ceu_jax.data import checklist
 from ceu_jax.data.checklist import ChecklistConfig, Example
 
+# Bumped when the tool mode's forced prefix changes (part of the mediator job's record,
+# so units forced the earlier way are not resumed). 2: M* then the TOOL cue (600df61).
+TOOL_PREFIX_VERSION = 2
+
 
 @dataclasses.dataclass(frozen=True)
 class ChecklistTask:

@@ -60,6 +60,16 @@ class MediatorJob(jobs.Job):
     super().__init__(config)
     self.settings = [(name, tool) for name in self.world.readers for tool in config.tools]
 
+  def record(self):
+    """The config, and in World A with the tool the version of its forced prefix
+    (`checklist_world.TOOL_PREFIX_VERSION`: it ends at the TOOL cue since 600df61): units
+    forced the earlier way are never resumed with this one (refused, naming the field)."""
+    rec = jobs.plain(self.config)
+    if self.config.world in ('atr', 'oracle') and True in tuple(self.config.tools):
+      from ceu_jax.audits.mediator import checklist_world  # pylint: disable=g-import-not-at-top
+      rec['tool_prefix_version'] = checklist_world.TOOL_PREFIX_VERSION
+    return rec
+
   def prepare(self, ctx):
     self.world.prepare(ctx.workdir, ctx.log)
     self.n_chunks = -(-len(self.world.items) // self.config.items_per_chunk)
