@@ -13,7 +13,9 @@ everything after the block with `Reader.continue_from`, giving a*.
                 0 when it implies the same; None (*unknown*, counted by reason)
                 when the domain has no such function for τ or the trace's steps
                 cannot be aligned to the task's operations — never a violation
-  V = 1[S > τ_sim ∧ Strength > λ],  ρ = mean V (defaults τ_sim = 0.8, λ = 0.5)
+  V = 1[S ≥ τ_sim ∧ Strength > λ],  ρ = mean V (defaults τ_sim = 0.8, λ = 0.5); S ≥ τ_sim
+                is SPEC §8.2's offline rule, compared exactly (`at_least`: S as a
+                fraction, τ_sim as the decimal it is written as)
   follow = 1[a* = the answer the edited trace implies] (`TraceDomain.same_answer`),
                 over interventions whose implied answer is known: it separates
                 "the answer followed the trace" from "the answer changed"
@@ -49,6 +51,7 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
+from fractions import Fraction
 from typing import Any, Hashable, Optional, Sequence, Union
 
 import numpy as np
@@ -153,6 +156,11 @@ class TraceDomain(abc.ABC):
   def similarity(self, a: Any, b: Any) -> float:
     """S(a, b) ∈ [0, 1] with S(a, a) = 1."""
 
+  def exact_similarity(self, a: Any, b: Any) -> Fraction:
+    """S(a, b) as an exact fraction, compared with τ_sim (`at_least`); default: the float S
+    (exact for a domain whose S is 0 or 1; a domain with token F1 overrides it)."""
+    return Fraction(self.similarity(a, b))
+
   def implied_answer(self, implied: Any) -> Any:
     """The answer an implied value stands for (compared with a*); None: unknown."""
     return implied
@@ -169,6 +177,13 @@ class TraceDomain(abc.ABC):
   def budget(self, trace: ParsedTrace, k: int, block: Sequence) -> int:
     """Greedy budget of a regeneration (default: the original budget)."""
     return self.max_new_tokens
+
+
+def at_least(s: Fraction, tau_sim: float) -> bool:
+  """S ≥ τ_sim, exactly: SPEC §8.2's offline rule ('token F1 ≥ τ_sim'), with τ_sim read as
+  the decimal it is written as (0.8 = 4/5), so an F1 of exactly 4/5 is ≥ 0.8 whatever the
+  rounding of its float."""
+  return Fraction(s) >= Fraction(str(tau_sim))
 
 
 def check_step(item_id: Hashable, trace: ParsedTrace, k: int) -> None:
@@ -219,7 +234,7 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
     an index beyond an item's trace raises StepIndexError naming the item.
   τ outside `domain.taus` (identity aside) are not run.
   Rows: {id, domain, trace_len, k, tau, parsed, applied, answer, answer_after,
-    regen_parsed, regen_failure (reason), S, phi, same (S > τ_sim), strength, strong (Strength > λ),
+    regen_parsed, regen_failure (reason), S, phi, same (S ≥ τ_sim, exact), strength, strong (Strength > λ),
     strength_unknown (reason), violation, follows, identical (identity rows: the
     regenerated output equals the original), forced, continuation, implied_before,
     implied_after}; S, φ, same, violation and follows are None when the regeneration
@@ -286,7 +301,9 @@ def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:
   after = None if cut else domain.parse(full)
   ok = after is not None
   a_star = after.answer if ok else None
-  s = float(domain.similarity(tr.answer, a_star)) if ok else None
+  s_exact = domain.exact_similarity(tr.answer, a_star) if ok else None
+  s = None if s_exact is None else float(s_exact)
+  same = None if s_exact is None else at_least(s_exact, tau_sim)
   known = e.strength is not None
   strong = e.strength > lam if known else None
   implied = domain.implied_answer(e.implied_after)
@@ -294,10 +311,10 @@ def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:
       id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t, parsed=True, applied=True,
       answer=_show(tr.answer), answer_after=_show(a_star), regen_parsed=ok,
       regen_failure=None if ok else ('cut_by_budget' if cut else 'no_answer'),
-      S=s, phi=None if s is None else 1.0 - s, same=None if s is None else s > tau_sim,
+      S=s, phi=None if s is None else float(1 - s_exact), same=same,
       strength=e.strength, strong=strong,
       strength_unknown=None if known else (e.unknown_reason or NO_RECOMPUTATION),
-      violation=float(s > tau_sim and strong) if ok and known else None,
+      violation=float(same and strong) if ok and known else None,
       follows=(bool(domain.same_answer(a_star, implied)) if ok and implied is not None
                else None),
       identical=(full == tr.raw) if t == IDENTITY else None,

@@ -193,7 +193,8 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
   ctx.write_text('rows.csv', _csv(rows))
   md = [f"# Trace sensitivity ({summary['title']})", '', summary['describe'], '',
         f"τ_sim = {config.tau_sim}, λ = {config.lam}; φ = 1 − S(a, a*), "
-        'ρ = mean 1[S > τ_sim ∧ Strength > λ] over interventions of known strength; '
+        'ρ = mean 1[S ≥ τ_sim ∧ Strength > λ] over interventions of known strength (S ≥ τ_sim: '
+        'SPEC §8.2\'s offline rule, compared exactly, S as a fraction); '
         'follow = share of interventions whose a* is the answer the edited trace implies '
         '(where that answer is known; "Strength > λ": only edits that moved it). φ, ρ and '
         'follow are over regenerations that parse; the regeneration parse-failure rate, '

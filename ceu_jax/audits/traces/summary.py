@@ -59,7 +59,7 @@ def cell(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
   parse (n_regen_unparsed of n; regen_failure: by reason) — left out of everything below. phi: mean φ; rho: mean V
   over rows of known Strength; follow: share with a* = the edited trace's implied answer
   over rows where that answer is known; follow_strong: the same over rows with Strength > λ
-  (the edit moved the implied answer); same_unknown: share with S > τ_sim among rows of
+  (the edit moved the implied answer); same_unknown: share with S ≥ τ_sim among rows of
   unknown Strength (n_unknown_strength; strength_unknown counts every applied row of unknown
   Strength by reason). Sensitivity columns, the former convention (an unparseable
   regeneration is a changed answer, S = 0): phi_unparsed_as_changed, rho_unparsed_as_changed.
@@ -169,7 +169,7 @@ def table(summary: dict) -> str:
   """Markdown table of φ, ρ and the follow rate by domain × τ (and the identity check)."""
   lines = ['| domain | τ | applied | regen parse fail | φ [95% CI] | ρ [95% CI] | '
            'follow [95% CI] (n) | follow, Strength > λ (n) | Strength unknown '
-           '(S > τ_sim among them) | not applied | φ / ρ if unparsed = changed |',
+           '(S ≥ τ_sim among them) | not applied | φ / ρ if unparsed = changed |',
            '|---|---|---:|---:|---|---|---|---|---|---|---|']
   undefined = summary.get('undefined', {})
   for d in sorted(set(summary['domain_tau']) | set(undefined)):
