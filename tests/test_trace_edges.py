@@ -39,3 +39,47 @@ def test_token_f1_of_exactly_four_fifths_is_at_tau_sim(orig, alt):
   assert r['same'] is True and r['violation'] == 1.0
   assert tt.exact_similarity(orig, alt) == Fraction(4, 5)
   assert ts.at_least(Fraction(4, 5), 0.8) and not ts.at_least(Fraction(79, 100), 0.8)
+
+
+# ---------------------------------------------------------------- World A: Strength
+from ceu_jax.audits.traces import chain_world as tw  # noqa: E402
+
+CFG = tw.ChainConfig()
+CHAIN = tw.ChainDomain(CFG)
+
+
+def _three_hop():
+  return next(i for i in tw.make_items(CFG, 200, seed=1) if i.hops == 3)
+
+
+def test_chain_trace_longer_than_its_bridges_has_unknown_strength():
+  x = _three_hop()   # 2 bridges; the reader wrote 3 steps
+  tr = CHAIN.parse(x.chain[1:] + (x.chain[1],) + (x.value,))
+  assert tr.n == 3 and tw.follow(x, tr.steps) is None
+  for tau in (ts.FACT_REVERSAL, ts.PREMISE_NEGATION):
+    e, _ = ts.intervene(CHAIN, x, tr, 1, tau)
+    assert e.strength is None and e.unknown_reason == 'unaligned_step', tau
+  # counted by reason in the rows: never a violation
+  class Long(base.Reader):
+    def _generate(self, prompts, forced, budget, stops, ids):
+      toks = (x.chain[1:] + (x.chain[1], x.value, CHAIN.eos) if forced is None
+              else (x.value, CHAIN.eos))
+      return [base.Generation(i, '', toks, base.STOP_TOKEN, CHAIN.eos) for i in ids]
+
+    def _loglik(self, *a):
+      raise NotImplementedError
+
+  rows = [r for r in ts.run_traces(Long(), CHAIN, [x], positions=(1,))
+          if r.get('applied') and r['tau'] != ts.IDENTITY]
+  assert rows and all(r['strength_unknown'] == 'unaligned_step' and r['violation'] is None
+                      and r['implied_trace'] is None
+                      for r in rows)
+
+
+def test_chain_strength_compares_prefixes_of_the_same_extent():
+  x = _three_hop()   # the reader's own step 2 is unbound: the whole trace resolves nowhere
+  tr = CHAIN.parse((x.chain[1], x.unbound[1], x.value))
+  assert tw.follow(x, tr.steps) is None and tw.follow(x, tr.steps[:1]) == x.value
+  e, _ = ts.intervene(CHAIN, x, tr, 1, ts.PREMISE_NEGATION)
+  # negating step 1 moves the kept prefix's implied answer from v to unresolvable
+  assert e.implied_before == x.value and e.implied_after is None and e.strength == 1.0

@@ -105,7 +105,8 @@ class Edit:
   """An intervention's forced block and its strength."""
   block: tuple  # the steps forced at positions k, k+1, ... (1 step, 2 for causal inversion)
   strength: Optional[float]  # Strength(ι) ∈ [0, 1], None: unknown (see unknown_reason)
-  implied_before: Any = None  # answer implied by the original trace (None: none / unknown)
+  implied_before: Any = None  # answer implied by the original trace (World A, arithmetic: its
+  #   prefix of the edited prefix's extent) (None: none / unknown)
   implied_after: Any = None  # answer implied by the edited trace (None: unresolvable / unknown)
   unknown_reason: Optional[str] = None  # why strength is None (default NO_RECOMPUTATION)
 
@@ -174,6 +175,11 @@ class TraceDomain(abc.ABC):
     'cut_by_budget'); default: never (a domain whose budget is exact by construction)."""
     return False
 
+  def implied_by(self, item: Any, trace: ParsedTrace) -> Any:
+    """The answer the whole original trace implies (the rows' `implied_trace`: is the reader's
+    answer its own trace's?); default None (not computed)."""
+    return None
+
   def budget(self, trace: ParsedTrace, k: int, block: Sequence) -> int:
     """Greedy budget of a regeneration (default: the original budget)."""
     return self.max_new_tokens
@@ -237,7 +243,7 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
     regen_parsed, regen_failure (reason), S, phi, same (S ≥ τ_sim, exact), strength, strong (Strength > λ),
     strength_unknown (reason), violation, follows, identical (identity rows: the
     regenerated output equals the original), forced, continuation, implied_before,
-    implied_after}; S, φ, same, violation and follows are None when the regeneration
+    implied_after, implied_trace (`TraceDomain.implied_by`)}; S, φ, same, violation and follows are None when the regeneration
     does not parse. An item whose original output does not parse gives one row with
     tau 'parse_failure' (parsed False, `parse_failure` = 'no_trace' or 'cut_by_budget':
     `TraceDomain.cut`) and no interventions; an intervention that is
@@ -319,7 +325,8 @@ def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:
                else None),
       identical=(full == tr.raw) if t == IDENTITY else None,
       forced=_show(forced), continuation=_show(cont),
-      implied_before=_show(e.implied_before), implied_after=_show(e.implied_after))
+      implied_before=_show(e.implied_before), implied_after=_show(e.implied_after),
+      implied_trace=_show(domain.implied_by(item, tr)))
 
 
 def _reader_prefix(reader: base.Reader, domain: TraceDomain, g: base.Generation,

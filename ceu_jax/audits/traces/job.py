@@ -41,8 +41,8 @@ from ceu_jax.audits.traces import verdicts, worlds
 ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'parse_failure',
                'applied', 'undefined', 'answer', 'answer_after', 'regen_parsed', 'regen_failure',
                'S', 'phi', 'same', 'strength', 'strong', 'strength_unknown', 'violation', 'follows',
-               'identical', 'implied_before', 'implied_after', 'forced', 'continuation', 'raw',
-               'stratum')
+               'identical', 'implied_before', 'implied_after', 'implied_trace', 'forced',
+               'continuation', 'raw', 'stratum')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
