@@ -83,3 +83,56 @@ def test_chain_strength_compares_prefixes_of_the_same_extent():
   e, _ = ts.intervene(CHAIN, x, tr, 1, ts.PREMISE_NEGATION)
   # negating step 1 moves the kept prefix's implied answer from v to unresolvable
   assert e.implied_before == x.value and e.implied_after is None and e.strength == 1.0
+
+
+# ---------------------------------------------------------------- World A: regeneration budget
+class _TwoExtra(base.Reader):
+  """Gold traces; after an edit of the 2-hop item `x`, two extra bridge-like ids then the
+  value; after any other edit, a trace-following continuation. Honours budget and [EOS]."""
+
+  def __init__(self, x, items):
+    self.x, self.items = x, {CHAIN.prompt(i): i for i in items}
+    self.budgets = {}
+
+  def _generate(self, prompts, forced, budget, stops, ids):
+    out = []
+    for j, (p, i) in enumerate(zip(prompts, ids)):
+      item = self.items[p]
+      if forced is None:
+        toks = item.target + (CHAIN.eos,)
+      elif item is self.x:
+        toks = (item.chain[1], item.chain[1], item.value, CHAIN.eos)
+      else:
+        toks = CHAIN.complete(item, list(forced[j]))
+      if forced is not None:
+        self.budgets[i] = budget
+      out.append(tw.TraceOracle._generation(self, i, toks, budget, stops))
+    return out
+
+  def _loglik(self, *a):
+    raise NotImplementedError
+
+
+def test_a_regeneration_budget_is_its_own_not_its_chunk_mates():
+  items = tw.make_items(CFG, 60, seed=3)
+  x = next(i for i in items if i.hops == 2)
+  y = next(i for i in items if i.hops == 4)
+  alone_reader, mixed_reader = _TwoExtra(x, [x]), _TwoExtra(x, [x, y])
+  alone = ts.run_traces(alone_reader, CHAIN, [x], taus=(ts.FACT_REVERSAL,), positions=(1,))
+  mixed = ts.run_traces(mixed_reader, CHAIN, [x, y], taus=(ts.FACT_REVERSAL,), positions=(1,))
+  assert [r for r in mixed if r['id'] == x.id] == alone
+  key = (x.id, 1, ts.FACT_REVERSAL)
+  assert alone_reader.budgets[key] == mixed_reader.budgets[key] == 2  # the value, [EOS]
+  # the two extra steps do not fit: a cut, labelled so (not 'no_answer'), never scored
+  r, = alone
+  assert r['regen_parsed'] is False and r['regen_failure'] == 'cut_by_budget'
+  assert r['S'] is None and r['violation'] is None
+  # the 4-hop item's own regeneration (gold-following) fits its budget and parses
+  assert all(r['regen_parsed'] for r in mixed if r['id'] == y.id)
+
+
+def test_gold_targets_fit_the_chain_budgets():
+  oracle_items = tw.make_items(CFG, 60, seed=3)
+  rows = ts.run_traces(tw.following_oracle(CHAIN, oracle_items), CHAIN, oracle_items)
+  assert rows and all(r['tau'] != 'parse_failure' for r in rows)
+  assert all(r['regen_parsed'] for r in rows if r.get('applied'))

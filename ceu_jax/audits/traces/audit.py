@@ -285,18 +285,31 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
                            parsed=True, applied=False, undefined=got.reason))
         else:
           calls.append((item, i, tr, k, t, got[0], got[1], n_item))
-  if calls:
-    conts = reader.continue_from(
-        [domain.prompt(c[0]) for c in calls],
-        [_reader_prefix(reader, domain, gens[c[7]], c[2], c[3], c[4], c[6]) for c in calls],
-        ids=[(c[1], c[3], c[4]) for c in calls],
-        max_new_tokens=max(domain.budget(c[2], c[3], c[5].block) for c in calls),
-        stop=domain.stop)
-  else:
-    conts = []
+  conts = _regenerate(reader, domain, gens, calls)
   for (item, i, tr, k, t, e, forced, _), g in zip(calls, conts):
     rows.append(_score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam))
   return rows
+
+
+def _regenerate(reader: base.Reader, domain: TraceDomain, gens: Sequence[base.Generation],
+                calls: Sequence[tuple]) -> list:
+  """The regeneration of every call, in call order, each under its own budget
+  (`TraceDomain.budget`): one `continue_from` per distinct budget, so an item's rows never
+  depend on which items share its chunk."""
+  by_budget: dict = {}
+  for j, c in enumerate(calls):
+    by_budget.setdefault(int(domain.budget(c[2], c[3], c[5].block)), []).append(j)
+  conts: list = [None] * len(calls)
+  for budget, js in sorted(by_budget.items()):
+    got = reader.continue_from(
+        [domain.prompt(calls[j][0]) for j in js],
+        [_reader_prefix(reader, domain, gens[calls[j][7]], *calls[j][2:5], calls[j][6])
+         for j in js],
+        ids=[(calls[j][1], calls[j][3], calls[j][4]) for j in js],
+        max_new_tokens=budget, stop=domain.stop)
+    for j, g in zip(js, got):
+      conts[j] = g
+  return conts
 
 
 def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:

@@ -75,6 +75,13 @@ class ChainDomain(ts.TraceDomain):
     """The rest of a regeneration: the steps after the forced block, the answer, [EOS]."""
     return max(1, trace.n - (k - 1 + len(block)) + 2)
 
+  def cut(self, g: base.Generation) -> bool:
+    """A generation that reached its budget without [EOS] ('cut_by_budget'). The gold
+    target (h − 1 bridges, the value) and its [EOS] fill at most target_len = max(hops) + 1
+    slots, the original budget, and a regeneration of the original's length fits
+    `budget` exactly; a reader stopping on [EOS] in the last slot is STOP_TOKEN."""
+    return g.stop_reason == base.LENGTH
+
   def is_id(self, t: int) -> bool:
     v = self.cfg.vocab
     return v.id_base <= t < v.key_base
@@ -192,7 +199,9 @@ class TraceOracle(oracles.Oracle):
       if self.follows(item):
         cont = self.domain.complete(item, steps)
       else:
-        own = d.parse(d.concat(d.primer, d.raw(self._out(i, full, budget, stops))))
+        # its own output as first generated: under the original budget, not the
+        # regeneration's (which only holds the rest)
+        own = d.parse(d.concat(d.primer, d.raw(self._out(i, full, d.max_new_tokens, stops))))
         cont = self.domain.tail(len(steps) + 1, own.steps[len(steps):], own.answer)
       out.append(self._out(i, cont, budget, stops))
     return out
