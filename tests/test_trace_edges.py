@@ -136,3 +136,21 @@ def test_gold_targets_fit_the_chain_budgets():
   rows = ts.run_traces(tw.following_oracle(CHAIN, oracle_items), CHAIN, oracle_items)
   assert rows and all(r['tau'] != 'parse_failure' for r in rows)
   assert all(r['regen_parsed'] for r in rows if r.get('applied'))
+
+
+# ---------------------------------------------------------------- positions beyond a trace
+def test_positions_beyond_a_trace_are_counted_not_raised():
+  from ceu_jax.audits.traces import summary as tsum
+  items = tw.make_items(CFG, 40, seed=3)
+  short = {x.id for x in items if x.hops == 2}   # one step: k = 2 lies beyond its trace
+  assert short and any(x.hops > 2 for x in items)
+  rows = ts.run_traces(tw.following_oracle(CHAIN, items), CHAIN, items, positions=(1, 2))
+  beyond = [r for r in rows if r.get('undefined') == 'beyond_trace']
+  assert {r['id'] for r in beyond} == short and all(r['k'] == 2 for r in beyond)
+  assert all(r['applied'] for r in rows if r['id'] in short and r['k'] == 1
+             and r['tau'] in (ts.IDENTITY, ts.FACT_REVERSAL))
+  s = tsum.summarize(rows)
+  for t in CHAIN.taus:
+    assert s['undefined']['chain'][t]['beyond_trace'] + s['undefined'].get(
+        'chain_prior', {}).get(t, {}).get('beyond_trace', 0) == len(short)
+  assert 'beyond_trace' in tsum.table(s)

@@ -33,7 +33,10 @@ last step has no successor to swap with, a step lacks the form τ needs, …)
 gives a row with applied False and its reason, counted by reason; τ a domain
 never defines (`TraceDomain.taus`) are not run at all.
 
-A step index k outside 1..n raises `StepIndexError` naming the item. A domain
+A step index k < 1 or not an integer raises `StepIndexError` naming the item (so does
+`intervene` at k > n); in `run_traces` a given position beyond an item's trace (k > n:
+the number of steps is the reader's choice) is undefined for it ('beyond_trace', counted
+by reason, for every τ). A domain
 may end its prompts with a `primer` (e.g. 'Step 1:'): the raw output is primer +
 generation, and the reader is given the forced prefix without it (its prompt
 already holds it). For text outputs the kept prefix goes back to a reader with a
@@ -85,6 +88,7 @@ class Undefined:
 
 UNEDITABLE = Undefined('uneditable')  # step k exists but its content lacks the form τ needs
 LAST_STEP = Undefined('last_step')  # CausalInversion at k = n: no step k+1 to swap with
+BEYOND_TRACE = Undefined('beyond_trace')  # a given position k > n: the item's trace is shorter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,9 +196,13 @@ def at_least(s: Fraction, tau_sim: float) -> bool:
   return Fraction(s) >= Fraction(str(tau_sim))
 
 
+def _is_index(k: Any) -> bool:
+  return isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+
+
 def check_step(item_id: Hashable, trace: ParsedTrace, k: int) -> None:
   """StepIndexError unless 1 ≤ k ≤ n (k an int)."""
-  if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= trace.n:
+  if not _is_index(k) or not 1 <= k <= trace.n:
     raise StepIndexError(f'item {item_id!r}: step index k={k!r} is outside its trace '
                          f'(steps 1..{trace.n})')
 
@@ -236,8 +244,10 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
                tau_sim: float = TAU_SIM, lam: float = LAMBDA) -> list[dict]:
   """Generate every item's trace, intervene, regenerate, score. One row per (item, k, τ).
 
-  positions: step indices k to intervene at (None: every step of each trace);
-    an index beyond an item's trace raises StepIndexError naming the item.
+  positions: step indices k to intervene at (None: every step of each trace); an index
+    beyond an item's trace (k > n: the reader chose fewer steps) gives rows with applied
+    False and undefined 'beyond_trace' for every τ (counted by reason); k < 1 or a
+    non-integer raises StepIndexError naming the item, duplicates ValueError (caller bugs).
   τ outside `domain.taus` (identity aside) are not run.
   Rows: {id, domain, trace_len, k, tau, parsed, applied, answer, answer_after,
     regen_parsed, regen_failure (reason), S, phi, same (S ≥ τ_sim, exact), strength, strong (Strength > λ),
@@ -277,6 +287,11 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
       continue
     ks = range(1, tr.n + 1) if positions is None else positions
     for k in ks:
+      if _is_index(k) and k > tr.n:   # a position this item's trace does not reach: counted
+        rows.extend(dict(id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t,
+                         parsed=True, applied=False, undefined=BEYOND_TRACE.reason)
+                    for t in taus)
+        continue
       check_step(i, tr, k)
       for t in taus:
         got = intervene(domain, item, tr, k, t)
