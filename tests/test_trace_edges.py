@@ -154,3 +154,34 @@ def test_positions_beyond_a_trace_are_counted_not_raised():
     assert s['undefined']['chain'][t]['beyond_trace'] + s['undefined'].get(
         'chain_prior', {}).get(t, {}).get('beyond_trace', 0) == len(short)
   assert 'beyond_trace' in tsum.table(s)
+
+
+# ---------------------------------------------------------------- identity: the reader's own bytes
+def test_identity_forces_the_readers_own_raw_text_through_step_k():
+  from ceu_jax.audits.traces import arithmetic as ar
+  dom = ar.ArithmeticDomain([])
+  x = ar.ArithItem('t:0', 'q', 5, (('+', 3), ('*', 2)), 1)
+  raw = 'Step 1:  5 + 3 = 8 \nStep 2: 8 * 2 = 16  \nAnswer: 16'   # not the canonical rendering
+  tr = tt.parse_text(raw)
+  _, forced1 = ts.intervene(dom, x, tr, 1, ts.IDENTITY)
+  _, forced2 = ts.intervene(dom, x, tr, 2, ts.IDENTITY)
+  assert forced1 == 'Step 1:  5 + 3 = 8 \n'
+  assert forced2 == 'Step 1:  5 + 3 = 8 \nStep 2: 8 * 2 = 16  \n'
+
+  class Echo(base.Reader):
+    """Writes `raw`; after a forced prefix, the rest of `raw` when the prefix is its own
+    bytes (a greedy reader given its own output), something else otherwise."""
+    def _generate(self, prompts, forced, budget, stops, ids):
+      out = []
+      for j, i in enumerate(ids):
+        pre = dom.primer + ('' if forced is None else ''.join(forced[j]))
+        t = raw[len(pre):] if raw.startswith(pre) else ' 1 + 1 = 2\nAnswer: 2'
+        out.append(base.Generation(i, t, (), base.END))
+      return out
+
+    def _loglik(self, *a):
+      raise NotImplementedError
+
+  rows = ts.run_traces(Echo(), dom, [x], taus=(ts.IDENTITY,))
+  assert [r['k'] for r in rows] == [1, 2]
+  assert all(r['identical'] is True and r['phi'] == 0.0 for r in rows)

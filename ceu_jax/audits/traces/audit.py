@@ -42,7 +42,10 @@ generation, and the reader is given the forced prefix without it (its prompt
 already holds it). For text outputs the kept prefix goes back to a reader with a
 token view as its own tokens (`Reader.prefix_tokens`), the forced block as text. The identity intervention (s'_k = s_k) is run at every
 position as an invariant check: φ must be 0 for a greedy reader, and its row
-says whether the regenerated output is identical to the original (`identical`).
+says whether the regenerated output is identical to the original (`identical`). Its
+forced prefix is the reader's own raw output through the end of step k
+(`TraceDomain.step_end`; its own tokens for a reader with a token view), never a
+re-rendering of the parsed step: s'_k = s_k byte for byte.
 
 No arrays: per-item Python. Aggregates: the mean over rows with a percentile
 bootstrap CI (`ceu_jax.metrics.resampling.bootstrap`, the function `mean_ci`
@@ -179,6 +182,14 @@ class TraceDomain(abc.ABC):
     'cut_by_budget'); default: never (a domain whose budget is exact by construction)."""
     return False
 
+  def step_end(self, trace: ParsedTrace, k: int) -> int:
+    """Offset in `trace.raw` where step k's raw text ends (the identity intervention forces
+    raw[:step_end]): the start of step k+1, or for k = n the end of step n's rendering
+    (a text domain overrides it: the end of step n's own line)."""
+    if k < trace.n:
+      return trace.starts[k]
+    return trace.starts[k - 1] + len(self.render_steps(k, trace.steps[k - 1:k]))
+
   def implied_by(self, item: Any, trace: ParsedTrace) -> Any:
     """The answer the whole original trace implies (the rows' `implied_trace`: is the reader's
     answer its own trace's?); default None (not computed)."""
@@ -223,16 +234,15 @@ def intervene(domain: TraceDomain, item: Any, trace: ParsedTrace, k: int, tau: s
   if tau not in TAUS:
     raise ValueError(f'tau must be one of {TAUS}, got {tau!r}')
   check_step(domain.item_id(item), trace, k)
-  if tau == IDENTITY:
-    e = Edit((trace.steps[k - 1],), 0.0)
-  elif tau not in domain.taus:
+  if tau == IDENTITY:   # the reader's own raw output through step k, never a re-rendering
+    return Edit((trace.steps[k - 1],), 0.0), trace.raw[:domain.step_end(trace, k)]
+  if tau not in domain.taus:
     return Undefined('not_in_domain')
-  else:
-    e = domain.edit(item, trace, k, tau)
-    if e is None:
-      e = Undefined('undefined')
-    if isinstance(e, Undefined):
-      return e
+  e = domain.edit(item, trace, k, tau)
+  if e is None:
+    e = Undefined('undefined')
+  if isinstance(e, Undefined):
+    return e
   if k - 1 + len(e.block) > trace.n:
     raise StepIndexError(f'item {domain.item_id(item)!r}: the {tau} block at k={k} '
                          f'({len(e.block)} steps) runs past the trace (steps 1..{trace.n})')
@@ -363,12 +373,13 @@ def _reader_prefix(reader: base.Reader, domain: TraceDomain, g: base.Generation,
   with and, where the reader has a token view (`Reader.prefix_tokens`) of a text output,
   with the kept part given back as the reader's own tokens — re-tokenising its text could
   hand it other tokens than it wrote. The identity intervention's whole prefix is the
-  reader's own output (its own tokens through step k) when the rendering reproduces it."""
+  reader's own raw output through step k (`intervene`), given as its own tokens where a
+  token boundary falls at its end (else the kept part as tokens, step k as its own text)."""
   text = _unprime(domain, forced)
   if not domain.is_text:
     return text
   p = len(domain.primer)
-  if tau == IDENTITY and trace.raw.startswith(forced):
+  if tau == IDENTITY:
     own = reader.prefix_tokens(g, len(forced) - p)
     if own is not None:
       return own

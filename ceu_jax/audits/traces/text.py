@@ -101,6 +101,14 @@ class TextDomain(ts.TraceDomain):
   def render_steps(self, first_index, steps):
     return render(first_index, steps)
 
+  def step_end(self, trace, k):
+    """The start of step k+1's line, or for k = n the end of step n's own line (its
+    newline included): the reader's bytes, whatever their spacing."""
+    if k < trace.n:
+      return trace.starts[k]
+    nl = trace.raw.find('\n', trace.starts[k - 1])
+    return len(trace.raw) if nl < 0 else nl + 1
+
   def similarity(self, a, b):
     return similarity(a, b)
 
