@@ -185,3 +185,32 @@ def test_identity_forces_the_readers_own_raw_text_through_step_k():
   rows = ts.run_traces(Echo(), dom, [x], taus=(ts.IDENTITY,))
   assert [r['k'] for r in rows] == [1, 2]
   assert all(r['identical'] is True and r['phi'] == 0.0 for r in rows)
+
+
+# ---------------------------------------------------------------- competence rates carry CIs
+def test_competence_rates_carry_bootstrap_cis_and_n():
+  import numpy as np
+  from configs import smollm2_traces
+  from ceu_jax.audits.traces import arithmetic as ar
+  from ceu_jax.audits.traces import competence as comp
+  from ceu_jax.audits.traces.job import competence_table
+  from ceu_jax.metrics.resampling import mean_ci
+  cfg = smollm2_traces.get_config('tiny')
+  items = [ar.make_arith_item(7, i) for i in range(12)]
+  dom = ar.ArithmeticDomain([ar.make_arith_item(99, 0)])
+  follows = {x.id: i % 3 != 0 for i, x in enumerate(items)}   # 8 of 12 follow their trace
+  out = comp.measure(tw.TraceOracle(dom, items, lambda x: follows[x.id]), cfg, dom, items)
+  k = out['corrupted']
+  assert out['cis']['accuracy'] == mean_ci(np.ones(12), seed=42).to_dict()
+  assert out['cis']['accuracy']['n'] == 12 and k['cis']['follow']['n'] == k['n_parsed'] > 0
+  assert k['cis']['follow']['value'] == pytest.approx(k['follow'])
+  assert k['cis']['follow']['ci_low'] < k['follow'] < k['cis']['follow']['ci_high']
+  out.update(min_accuracy=0.5, min_parse_rate=0.5, competent=True)
+  row = competence_table({'r': out}).splitlines()[2]
+  assert '1.000 [1.000, 1.000] (n=12) (≥ 0.5)' in row
+  f = k['cis']['follow']
+  assert f"{f['value']:.3f} [{f['ci_low']:.3f}, {f['ci_high']:.3f}] (n={f['n']})" in row
+  assert 'n=' in comp.fmt_competence('r', out)
+  # a check computed before CIs were kept prints its point values, marked
+  old = {key: v for key, v in out.items() if key != 'cis'}
+  assert '1.000 (no CI) (≥ 0.5)' in competence_table({'r': old})

@@ -6,6 +6,7 @@
                     τ, k, trace length, domain × τ and domain × trace length, undefined
                     interventions by reason
   table / by_length_table / fmt   the report's markdown
+  rate_ci / fmt_rate   a competence rate with its CI and n, and how it is printed
 
 Every φ, ρ and follow rate is over regenerations that parse (`audit` module doc);
 the regeneration parse-failure rate and the counts of undefined interventions and of
@@ -19,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ceu_jax.audits.traces.audit import BREAKDOWNS, CI_SEED, EDIT_TAUS, IDENTITY, TAU_SIM
-from ceu_jax.metrics.resampling import bootstrap, fmt_ci
+from ceu_jax.metrics.resampling import bootstrap, fmt_ci, mean_ci
 
 
 def ratio_of_sums(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -159,6 +160,23 @@ def fmt(a: dict) -> str:
 def fmt_n(a: dict) -> str:
   """fmt(a) followed by its n, '—' when empty."""
   return '—' if not a or a.get('value') is None else f"{fmt(a)} ({a['n']})"
+
+
+def rate_ci(hits: Sequence, seed: int = CI_SEED) -> dict:
+  """A rate of 0/1 outcomes (one per problem) with its percentile bootstrap 95% CI and n
+  (SPEC §8: 1,000 resamples, seed 42; `mean_ci`); empty: value None, n 0."""
+  return mean_ci(np.asarray(hits, dtype=np.float64), seed=seed).to_dict()
+
+
+def fmt_rate(part: dict, name: str) -> str:
+  """'value [lo, hi] (n=..)' of rate `name` of a competence check from its `cis`; a check
+  computed before its CIs were kept (a cached competence.json, a recorded run): the point
+  value alone, marked '(no CI)'; '—' when absent."""
+  ci = (part.get('cis') or {}).get(name)
+  if ci is not None:
+    return fmt_ci(ci, with_n=True)
+  v = part.get(name)
+  return '—' if v is None else f'{v:.3f} (no CI)'
 
 
 def _reasons(d: dict) -> str:
