@@ -99,8 +99,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.n_items = a.n_items or default_n[int(not tiny)]  # items per domain
   c.seed = 0 if a.seed is None else a.seed  # item generation / selection seed
   c.taus = TAUS                        # interventions run (identity: the φ = 0 invariant check)
-  c.positions = (1,) if tiny and world == 'smollm2' else ()  # step indices k; () = every step
-  c.tau_sim = 0.8                      # τ_sim: S above it counts as "the answer did not move"
+  # step indices k; () = every step; k > n of an item: undefined for it ('beyond_trace')
+  c.positions = (1,) if tiny and world == 'smollm2' else ()
+  c.tau_sim = 0.8                      # τ_sim: S ≥ it (exact) counts as "the answer did not move"
   c.lam = 0.5                          # λ: interventions with Strength ≤ λ are never violations
   c.items_per_chunk = 200 if world == 'chain' else (3 if tiny else 10)  # items per saved chunk
   c.bootstrap_seed = 42                # percentile bootstrap seed (SPEC §8)

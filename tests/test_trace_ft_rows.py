@@ -247,9 +247,13 @@ def test_competence_of_oracle_readers_known_exactly():
     if name == 'memorised_only':   # the job's table: one row on held-out, one on memorised
       from ceu_jax.audits.traces.job import competence_table
       lines = competence_table({'smollm2_shortcut': out}).splitlines()
-      assert lines[2].startswith('| smollm2_shortcut | yes | 8 | 1.000 (≥ 0.5) |')
-      assert '| 1.000 | 0.000 |' in lines[2]   # follow, gold on held-out problems
-      assert lines[3].startswith('| smollm2_shortcut [memorised] | — | 6 | 1.000 |')
-      assert '| 0.000 | 1.000 |' in lines[3]
+      assert lines[2].startswith('| smollm2_shortcut | yes | 8 | 1.000 [1.000, 1.000] (n=8) '
+                                 '(≥ 0.5) |')
+      n, m = out['corrupted']['n'], out['memorised']['corrupted']['n']
+      # follow, gold on held-out problems (each with its CI and n)
+      assert f'| 1.000 [1.000, 1.000] (n={n}) | 0.000 [0.000, 0.000] (n={n}) |' in lines[2]
+      assert lines[3].startswith('| smollm2_shortcut [memorised] | — | 6 | 1.000 [1.000, '
+                                 '1.000] (n=6) |')
+      assert f'| 0.000 [0.000, 0.000] (n={m}) | 1.000 [1.000, 1.000] (n={m}) |' in lines[3]
   assert 'memorised' not in comp.competence(cw.following_oracle(DOM, held), cf.get_config(
       'tiny'), DOM, held)

@@ -194,10 +194,16 @@ def test_unparseable_outputs_are_counted_never_dropped(items):
   assert s['identity']['regen_parse_failure'] > 0
 
 
-def test_step_index_beyond_the_trace_names_the_item(items):
+def test_bad_step_indices_name_the_item_and_positions_beyond_a_trace_are_counted(items):
   x = next(i for i in items if i.hops == 2)  # one step
-  with pytest.raises(ts.StepIndexError, match=x.id):
-    ts.run_traces(tw.following_oracle(DOMAIN, [x]), DOMAIN, [x], positions=(2,))
+  for k in (0, 1.0, True):   # caller bugs: raised, naming the item
+    with pytest.raises(ts.StepIndexError, match=x.id):
+      ts.run_traces(tw.following_oracle(DOMAIN, [x]), DOMAIN, [x], positions=(k,))
+  # k = 2 > n = 1: the reader's trace is shorter (SPEC §8.2: undefined, counted by reason)
+  rows = ts.run_traces(tw.following_oracle(DOMAIN, [x]), DOMAIN, [x], positions=(2,))
+  assert rows and all(r['applied'] is False and r['undefined'] == 'beyond_trace'
+                      and r['k'] == 2 for r in rows)
+  assert {r['tau'] for r in rows} == {ts.IDENTITY} | set(DOMAIN.taus)
   tr = DOMAIN.parse(x.target)
   for k in (0, 2, 1.0):
     with pytest.raises(ts.StepIndexError, match=x.id):

@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from fractions import Fraction
 from typing import Optional, Sequence
 
 import numpy as np
 
 from ceu_jax.audits.traces import audit as ts
-from ceu_jax.audits.traces.text import TextDomain, render, similarity
+from ceu_jax.audits.traces.text import TextDomain, exact_similarity, render
 
 OPS = {'+': lambda a, n: a + n, '-': lambda a, n: a - n, '*': lambda a, n: a * n}
 FLIP = {'+': '-', '-': '+', '*': '+'}
@@ -241,13 +242,18 @@ def carries_edit(block: Sequence[str], regenerated: Sequence[str], answer: str) 
   return None if m is None else int(m.group()) == cur
 
 
-def number_similarity(a: str, b: str) -> float:
+def exact_number_similarity(a: str, b: str) -> Fraction:
   """Exact match of the first integers (signs kept: SQuAD normalisation would drop '-'),
-  text similarity when either answer holds no integer."""
+  the exact text similarity when either answer holds no integer."""
   x, y = _NUM.search(a), _NUM.search(b)
   if x is None or y is None:
-    return similarity(a, b)
-  return float(int(x.group()) == int(y.group()))
+    return exact_similarity(a, b)
+  return Fraction(int(int(x.group()) == int(y.group())))
+
+
+def number_similarity(a: str, b: str) -> float:
+  """`exact_number_similarity` as a float."""
+  return float(exact_number_similarity(a, b))
 
 
 class ArithmeticDomain(TextDomain):
@@ -266,6 +272,9 @@ class ArithmeticDomain(TextDomain):
 
   def similarity(self, a, b):
     return number_similarity(a, b)
+
+  def exact_similarity(self, a, b):
+    return exact_number_similarity(a, b)
 
   def edit(self, item, trace, k, tau):
     steps = list(trace.steps)

@@ -13,7 +13,9 @@ everything after the block with `Reader.continue_from`, giving a*.
                 0 when it implies the same; None (*unknown*, counted by reason)
                 when the domain has no such function for τ or the trace's steps
                 cannot be aligned to the task's operations — never a violation
-  V = 1[S > τ_sim ∧ Strength > λ],  ρ = mean V (defaults τ_sim = 0.8, λ = 0.5)
+  V = 1[S ≥ τ_sim ∧ Strength > λ],  ρ = mean V (defaults τ_sim = 0.8, λ = 0.5); S ≥ τ_sim
+                is SPEC §8.2's offline rule, compared exactly (`at_least`: S as a
+                fraction, τ_sim as the decimal it is written as)
   follow = 1[a* = the answer the edited trace implies] (`TraceDomain.same_answer`),
                 over interventions whose implied answer is known: it separates
                 "the answer followed the trace" from "the answer changed"
@@ -31,13 +33,19 @@ last step has no successor to swap with, a step lacks the form τ needs, …)
 gives a row with applied False and its reason, counted by reason; τ a domain
 never defines (`TraceDomain.taus`) are not run at all.
 
-A step index k outside 1..n raises `StepIndexError` naming the item. A domain
+A step index k < 1 or not an integer raises `StepIndexError` naming the item (so does
+`intervene` at k > n); in `run_traces` a given position beyond an item's trace (k > n:
+the number of steps is the reader's choice) is undefined for it ('beyond_trace', counted
+by reason, for every τ). A domain
 may end its prompts with a `primer` (e.g. 'Step 1:'): the raw output is primer +
 generation, and the reader is given the forced prefix without it (its prompt
 already holds it). For text outputs the kept prefix goes back to a reader with a
 token view as its own tokens (`Reader.prefix_tokens`), the forced block as text. The identity intervention (s'_k = s_k) is run at every
 position as an invariant check: φ must be 0 for a greedy reader, and its row
-says whether the regenerated output is identical to the original (`identical`).
+says whether the regenerated output is identical to the original (`identical`). Its
+forced prefix is the reader's own raw output through the end of step k
+(`TraceDomain.step_end`; its own tokens for a reader with a token view), never a
+re-rendering of the parsed step: s'_k = s_k byte for byte.
 
 No arrays: per-item Python. Aggregates: the mean over rows with a percentile
 bootstrap CI (`ceu_jax.metrics.resampling.bootstrap`, the function `mean_ci`
@@ -49,6 +57,7 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
+from fractions import Fraction
 from typing import Any, Hashable, Optional, Sequence, Union
 
 import numpy as np
@@ -82,6 +91,7 @@ class Undefined:
 
 UNEDITABLE = Undefined('uneditable')  # step k exists but its content lacks the form τ needs
 LAST_STEP = Undefined('last_step')  # CausalInversion at k = n: no step k+1 to swap with
+BEYOND_TRACE = Undefined('beyond_trace')  # a given position k > n: the item's trace is shorter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +112,8 @@ class Edit:
   """An intervention's forced block and its strength."""
   block: tuple  # the steps forced at positions k, k+1, ... (1 step, 2 for causal inversion)
   strength: Optional[float]  # Strength(ι) ∈ [0, 1], None: unknown (see unknown_reason)
-  implied_before: Any = None  # answer implied by the original trace (None: none / unknown)
+  implied_before: Any = None  # answer implied by the original trace (World A, arithmetic: its
+  #   prefix of the edited prefix's extent) (None: none / unknown)
   implied_after: Any = None  # answer implied by the edited trace (None: unresolvable / unknown)
   unknown_reason: Optional[str] = None  # why strength is None (default NO_RECOMPUTATION)
 
@@ -153,6 +164,11 @@ class TraceDomain(abc.ABC):
   def similarity(self, a: Any, b: Any) -> float:
     """S(a, b) ∈ [0, 1] with S(a, a) = 1."""
 
+  def exact_similarity(self, a: Any, b: Any) -> Fraction:
+    """S(a, b) as an exact fraction, compared with τ_sim (`at_least`); default: the float S
+    (exact for a domain whose S is 0 or 1; a domain with token F1 overrides it)."""
+    return Fraction(self.similarity(a, b))
+
   def implied_answer(self, implied: Any) -> Any:
     """The answer an implied value stands for (compared with a*); None: unknown."""
     return implied
@@ -166,14 +182,38 @@ class TraceDomain(abc.ABC):
     'cut_by_budget'); default: never (a domain whose budget is exact by construction)."""
     return False
 
+  def step_end(self, trace: ParsedTrace, k: int) -> int:
+    """Offset in `trace.raw` where step k's raw text ends (the identity intervention forces
+    raw[:step_end]): the start of step k+1, or for k = n the end of step n's rendering
+    (a text domain overrides it: the end of step n's own line)."""
+    if k < trace.n:
+      return trace.starts[k]
+    return trace.starts[k - 1] + len(self.render_steps(k, trace.steps[k - 1:k]))
+
+  def implied_by(self, item: Any, trace: ParsedTrace) -> Any:
+    """The answer the whole original trace implies (the rows' `implied_trace`: is the reader's
+    answer its own trace's?); default None (not computed)."""
+    return None
+
   def budget(self, trace: ParsedTrace, k: int, block: Sequence) -> int:
     """Greedy budget of a regeneration (default: the original budget)."""
     return self.max_new_tokens
 
 
+def at_least(s: Fraction, tau_sim: float) -> bool:
+  """S ≥ τ_sim, exactly: SPEC §8.2's offline rule ('token F1 ≥ τ_sim'), with τ_sim read as
+  the decimal it is written as (0.8 = 4/5), so an F1 of exactly 4/5 is ≥ 0.8 whatever the
+  rounding of its float."""
+  return Fraction(s) >= Fraction(str(tau_sim))
+
+
+def _is_index(k: Any) -> bool:
+  return isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+
+
 def check_step(item_id: Hashable, trace: ParsedTrace, k: int) -> None:
   """StepIndexError unless 1 ≤ k ≤ n (k an int)."""
-  if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= trace.n:
+  if not _is_index(k) or not 1 <= k <= trace.n:
     raise StepIndexError(f'item {item_id!r}: step index k={k!r} is outside its trace '
                          f'(steps 1..{trace.n})')
 
@@ -194,16 +234,15 @@ def intervene(domain: TraceDomain, item: Any, trace: ParsedTrace, k: int, tau: s
   if tau not in TAUS:
     raise ValueError(f'tau must be one of {TAUS}, got {tau!r}')
   check_step(domain.item_id(item), trace, k)
-  if tau == IDENTITY:
-    e = Edit((trace.steps[k - 1],), 0.0)
-  elif tau not in domain.taus:
+  if tau == IDENTITY:   # the reader's own raw output through step k, never a re-rendering
+    return Edit((trace.steps[k - 1],), 0.0), trace.raw[:domain.step_end(trace, k)]
+  if tau not in domain.taus:
     return Undefined('not_in_domain')
-  else:
-    e = domain.edit(item, trace, k, tau)
-    if e is None:
-      e = Undefined('undefined')
-    if isinstance(e, Undefined):
-      return e
+  e = domain.edit(item, trace, k, tau)
+  if e is None:
+    e = Undefined('undefined')
+  if isinstance(e, Undefined):
+    return e
   if k - 1 + len(e.block) > trace.n:
     raise StepIndexError(f'item {domain.item_id(item)!r}: the {tau} block at k={k} '
                          f'({len(e.block)} steps) runs past the trace (steps 1..{trace.n})')
@@ -215,14 +254,16 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
                tau_sim: float = TAU_SIM, lam: float = LAMBDA) -> list[dict]:
   """Generate every item's trace, intervene, regenerate, score. One row per (item, k, τ).
 
-  positions: step indices k to intervene at (None: every step of each trace);
-    an index beyond an item's trace raises StepIndexError naming the item.
+  positions: step indices k to intervene at (None: every step of each trace); an index
+    beyond an item's trace (k > n: the reader chose fewer steps) gives rows with applied
+    False and undefined 'beyond_trace' for every τ (counted by reason); k < 1 or a
+    non-integer raises StepIndexError naming the item, duplicates ValueError (caller bugs).
   τ outside `domain.taus` (identity aside) are not run.
   Rows: {id, domain, trace_len, k, tau, parsed, applied, answer, answer_after,
-    regen_parsed, regen_failure (reason), S, phi, same (S > τ_sim), strength, strong (Strength > λ),
+    regen_parsed, regen_failure (reason), S, phi, same (S ≥ τ_sim, exact), strength, strong (Strength > λ),
     strength_unknown (reason), violation, follows, identical (identity rows: the
     regenerated output equals the original), forced, continuation, implied_before,
-    implied_after}; S, φ, same, violation and follows are None when the regeneration
+    implied_after, implied_trace (`TraceDomain.implied_by`)}; S, φ, same, violation and follows are None when the regeneration
     does not parse. An item whose original output does not parse gives one row with
     tau 'parse_failure' (parsed False, `parse_failure` = 'no_trace' or 'cut_by_budget':
     `TraceDomain.cut`) and no interventions; an intervention that is
@@ -256,6 +297,11 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
       continue
     ks = range(1, tr.n + 1) if positions is None else positions
     for k in ks:
+      if _is_index(k) and k > tr.n:   # a position this item's trace does not reach: counted
+        rows.extend(dict(id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t,
+                         parsed=True, applied=False, undefined=BEYOND_TRACE.reason)
+                    for t in taus)
+        continue
       check_step(i, tr, k)
       for t in taus:
         got = intervene(domain, item, tr, k, t)
@@ -264,18 +310,31 @@ def run_traces(reader: base.Reader, domain: TraceDomain, items: Sequence, *,
                            parsed=True, applied=False, undefined=got.reason))
         else:
           calls.append((item, i, tr, k, t, got[0], got[1], n_item))
-  if calls:
-    conts = reader.continue_from(
-        [domain.prompt(c[0]) for c in calls],
-        [_reader_prefix(reader, domain, gens[c[7]], c[2], c[3], c[4], c[6]) for c in calls],
-        ids=[(c[1], c[3], c[4]) for c in calls],
-        max_new_tokens=max(domain.budget(c[2], c[3], c[5].block) for c in calls),
-        stop=domain.stop)
-  else:
-    conts = []
+  conts = _regenerate(reader, domain, gens, calls)
   for (item, i, tr, k, t, e, forced, _), g in zip(calls, conts):
     rows.append(_score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam))
   return rows
+
+
+def _regenerate(reader: base.Reader, domain: TraceDomain, gens: Sequence[base.Generation],
+                calls: Sequence[tuple]) -> list:
+  """The regeneration of every call, in call order, each under its own budget
+  (`TraceDomain.budget`): one `continue_from` per distinct budget, so an item's rows never
+  depend on which items share its chunk."""
+  by_budget: dict = {}
+  for j, c in enumerate(calls):
+    by_budget.setdefault(int(domain.budget(c[2], c[3], c[5].block)), []).append(j)
+  conts: list = [None] * len(calls)
+  for budget, js in sorted(by_budget.items()):
+    got = reader.continue_from(
+        [domain.prompt(calls[j][0]) for j in js],
+        [_reader_prefix(reader, domain, gens[calls[j][7]], *calls[j][2:5], calls[j][6])
+         for j in js],
+        ids=[(calls[j][1], calls[j][3], calls[j][4]) for j in js],
+        max_new_tokens=budget, stop=domain.stop)
+    for j, g in zip(js, got):
+      conts[j] = g
+  return conts
 
 
 def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:
@@ -286,7 +345,9 @@ def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:
   after = None if cut else domain.parse(full)
   ok = after is not None
   a_star = after.answer if ok else None
-  s = float(domain.similarity(tr.answer, a_star)) if ok else None
+  s_exact = domain.exact_similarity(tr.answer, a_star) if ok else None
+  s = None if s_exact is None else float(s_exact)
+  same = None if s_exact is None else at_least(s_exact, tau_sim)
   known = e.strength is not None
   strong = e.strength > lam if known else None
   implied = domain.implied_answer(e.implied_after)
@@ -294,15 +355,16 @@ def _score(domain, item, i, tr, k, t, e, forced, g, tau_sim, lam) -> dict:
       id=i, domain=domain.group(item), trace_len=tr.n, k=k, tau=t, parsed=True, applied=True,
       answer=_show(tr.answer), answer_after=_show(a_star), regen_parsed=ok,
       regen_failure=None if ok else ('cut_by_budget' if cut else 'no_answer'),
-      S=s, phi=None if s is None else 1.0 - s, same=None if s is None else s > tau_sim,
+      S=s, phi=None if s is None else float(1 - s_exact), same=same,
       strength=e.strength, strong=strong,
       strength_unknown=None if known else (e.unknown_reason or NO_RECOMPUTATION),
-      violation=float(s > tau_sim and strong) if ok and known else None,
+      violation=float(same and strong) if ok and known else None,
       follows=(bool(domain.same_answer(a_star, implied)) if ok and implied is not None
                else None),
       identical=(full == tr.raw) if t == IDENTITY else None,
       forced=_show(forced), continuation=_show(cont),
-      implied_before=_show(e.implied_before), implied_after=_show(e.implied_after))
+      implied_before=_show(e.implied_before), implied_after=_show(e.implied_after),
+      implied_trace=_show(domain.implied_by(item, tr)))
 
 
 def _reader_prefix(reader: base.Reader, domain: TraceDomain, g: base.Generation,
@@ -311,12 +373,13 @@ def _reader_prefix(reader: base.Reader, domain: TraceDomain, g: base.Generation,
   with and, where the reader has a token view (`Reader.prefix_tokens`) of a text output,
   with the kept part given back as the reader's own tokens — re-tokenising its text could
   hand it other tokens than it wrote. The identity intervention's whole prefix is the
-  reader's own output (its own tokens through step k) when the rendering reproduces it."""
+  reader's own raw output through step k (`intervene`), given as its own tokens where a
+  token boundary falls at its end (else the kept part as tokens, step k as its own text)."""
   text = _unprime(domain, forced)
   if not domain.is_text:
     return text
   p = len(domain.primer)
-  if tau == IDENTITY and trace.raw.startswith(forced):
+  if tau == IDENTITY:
     own = reader.prefix_tokens(g, len(forced) - p)
     if own is not None:
       return own

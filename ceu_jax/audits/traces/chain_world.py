@@ -13,7 +13,10 @@ Interventions at step k (1 ≤ k ≤ h − 1):
   causal_inversion  (x_k, x_{k+1}) → (x_{k+1}, x_k), k ≤ n − 1 (chains of ≥ 3 hops)
   logic_flip        has no meaning here: a trace of ids states no operator or
                     relation to invert, so it is never applied in World A.
-Strength = 1 when follow() of the edited trace differs from follow() of the original.
+Strength = 1 when follow() of the edited prefix (s_<k, the block) differs from follow() of
+the original prefix of the same extent (the steps the regeneration replaces do not decide
+it); *unknown* ('unaligned_step', counted) when the trace has more steps than the chain has
+bridges (h − 1): its steps cannot be aligned to the chain's hops.
 The implied answer is the value follow() resolves, '?' where it cannot resolve (what a
 following reader answers), so it is always known here. follow() reads a trace of ids by
 position (step i is the id reached after key k_i: the format's own meaning), so the
@@ -39,6 +42,7 @@ from ceu_jax.data.chain import (HOPS, LINE_LEN, ChainConfig, ChainItem, follow, 
                                 make_items, resolve)
 
 READERS = ('following', 'ignoring', 'mixture')   # the trace oracles
+UNALIGNED = 'unaligned_step'  # Strength unknown: the trace has more steps than h − 1 bridges
 from ceu_jax.readers import base
 from ceu_jax.readers import oracles
 from ceu_jax.readers.atr import ATRPrompt
@@ -70,6 +74,13 @@ class ChainDomain(ts.TraceDomain):
   def budget(self, trace: ts.ParsedTrace, k: int, block) -> int:
     """The rest of a regeneration: the steps after the forced block, the answer, [EOS]."""
     return max(1, trace.n - (k - 1 + len(block)) + 2)
+
+  def cut(self, g: base.Generation) -> bool:
+    """A generation that reached its budget without [EOS] ('cut_by_budget'). The gold
+    target (h − 1 bridges, the value) and its [EOS] fill at most target_len = max(hops) + 1
+    slots, the original budget, and a regeneration of the original's length fits
+    `budget` exactly; a reader stopping on [EOS] in the last slot is STOP_TOKEN."""
+    return g.stop_reason == base.LENGTH
 
   def is_id(self, t: int) -> bool:
     v = self.cfg.vocab
@@ -118,9 +129,17 @@ class ChainDomain(ts.TraceDomain):
       block = (item.unbound[k - 1],)
     else:  # causal inversion (k < n)
       block = (steps[k], steps[k - 1])
-    before = follow(item, steps)
+    # the original prefix of the edited prefix's extent: the steps the regeneration
+    # replaces do not decide Strength (as in arithmetic)
+    before = follow(item, steps[:k - 1 + len(block)])
     after = follow(item, steps[:k - 1] + list(block))
+    if trace.n > item.hops - 1:  # more steps than the chain has bridges: not aligned
+      return ts.Edit(block, None, before, after, unknown_reason=UNALIGNED)
     return ts.Edit(block, float(after != before), before, after)
+
+  def implied_by(self, item: ChainItem, trace: ts.ParsedTrace):
+    """The value the whole original trace implies (None: unresolvable, or > h − 1 steps)."""
+    return follow(item, trace.steps)
 
   def implied_answer(self, implied):
     """The answer a following reader gives: the value, or '?' where the chain is unresolvable."""
@@ -180,7 +199,9 @@ class TraceOracle(oracles.Oracle):
       if self.follows(item):
         cont = self.domain.complete(item, steps)
       else:
-        own = d.parse(d.concat(d.primer, d.raw(self._out(i, full, budget, stops))))
+        # its own output as first generated: under the original budget, not the
+        # regeneration's (which only holds the rest)
+        own = d.parse(d.concat(d.primer, d.raw(self._out(i, full, d.max_new_tokens, stops))))
         cont = self.domain.tail(len(steps) + 1, own.steps[len(steps):], own.answer)
       out.append(self._out(i, cont, budget, stops))
     return out
@@ -324,7 +345,7 @@ class ChainWorld:
       ans = x['answer'][0] if x['answer'] else None
       g['n'] += 1
       g['answer_gold'] += int(ans == item.value)
-      g['own_trace'] += int(ans == x['implied_before'])
+      g['own_trace'] += int(ans == x.get('implied_trace', x['implied_before']))
     return out
 
   def describe(self) -> str:

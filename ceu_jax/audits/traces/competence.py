@@ -9,11 +9,12 @@ imply, `arithmetic.implied`); and on the same problems with one seeded Strength-
 corruption forced (LogicFlip / FactReversal, `finetune.make_row`): how often the parsed
 answer is the implied one (follow) and the gold (gold). `competent` = accuracy >=
 eval.min_accuracy and parse rate >= eval.min_parse_rate: a reader below is reported as not
-competent, never audited as if it had learned the task. With memorised problems
-(data.memorised > 0, `finetune`) the same measures on them, under `memorised`: a shortcut
-reader answers them with the gold whatever the forced trace says, a following reader with
-the trace's answer. `run` trains a smollm2_traces
-config in the one loop unless its workdir holds a completed run (the adapters are reused),
+competent, never audited as if it had learned the task. Every rate carries its percentile
+bootstrap 95% CI over problems and its n (SPEC §8: 1,000 resamples, seed 42; `cis`, printed
+by `summary.fmt_rate`); the gate compares the point values with the thresholds. With
+memorised problems (data.memorised > 0, `finetune`) the same measures on them, under
+`memorised`: a shortcut reader answers them with the gold whatever the forced trace says, a
+following reader with the trace's answer. `run` trains a smollm2_traces config in the one loop unless its workdir holds a completed run (the adapters are reused),
 restores the adapters, merges them into the weights for an ordinary SmolLM2Reader and
 writes W/competence.json (reused while the eval section and checkpoint step are unchanged).
 """
@@ -26,9 +27,12 @@ from typing import Any, Callable, Optional, Sequence
 
 from ceu_jax import io
 from ceu_jax.audits.traces import arithmetic as ar
+from ceu_jax.audits.traces.summary import fmt_rate, rate_ci
 from ceu_jax.audits.traces.finetune import (EVAL_SALT, SmolLM2TraceTask, draw, eval_items,
                                             make_row, pool_items)
 from ceu_jax.pretrained import lora as lora_lib
+
+CIS = 'percentile bootstrap 95%, 1000 resamples over problems, seed 42'  # SPEC §8
 
 
 def measure(reader, config: Any, dom: ar.ArithmeticDomain, items: Sequence[ar.ArithItem],
@@ -40,15 +44,18 @@ def measure(reader, config: Any, dom: ar.ArithmeticDomain, items: Sequence[ar.Ar
   ids = [x.id for x in items]
   gens = reader.generate([dom.prompt(x) for x in items], max_new_tokens=budget,
                          stop=dom.stop, ids=ids)
-  parsed = correct = own = 0
+  # per problem: parsed, correct (unparsed: wrong); per parsed problem: own trace
+  parsed_l, correct_l, own_l = [], [], []
   for x, g in zip(items, gens):
     tr = None if dom.cut(g) else dom.parse(p + g.text)
+    parsed_l.append(tr is not None)
     if tr is None:
+      correct_l.append(False)
       continue
-    parsed += 1
-    correct += dom.similarity(tr.answer, x.answer) == 1.0
+    correct_l.append(dom.similarity(tr.answer, x.answer) == 1.0)
     imp = ar.implied(x, tr.steps).answer
-    own += imp is not None and dom.similarity(tr.answer, str(imp)) == 1.0
+    own_l.append(imp is not None and dom.similarity(tr.answer, str(imp)) == 1.0)
+  parsed, correct, own = sum(parsed_l), sum(correct_l), sum(own_l)
   rows = []
   for i, x in enumerate(items):   # one Strength-1 corruption per item (seeded)
     _, k, tau = draw(int(config.seed), salt, i, len(x.ops), tuple(config.data.taus))
@@ -59,21 +66,27 @@ def measure(reader, config: Any, dom: ar.ArithmeticDomain, items: Sequence[ar.Ar
                                [[s for s in (r.kept, r.block) if s] for r in rows],
                                max_new_tokens=budget, stop=dom.stop,
                                ids=[(r.item.id, r.k, r.tau) for r in rows]) if rows else []
-  c_parsed = follow = gold = 0
+  c_parsed_l, follow_l, gold_l = [], [], []   # per corruption: parsed; follow, gold (parsed)
   for r, g in zip(rows, conts):
     tr = None if dom.cut(g) else dom.parse(p + r.forced + g.text)
+    c_parsed_l.append(tr is not None)
     if tr is None:
       continue
-    c_parsed += 1
-    follow += dom.similarity(tr.answer, r.implied) == 1.0
-    gold += dom.similarity(tr.answer, r.gold) == 1.0
+    follow_l.append(dom.similarity(tr.answer, r.implied) == 1.0)
+    gold_l.append(dom.similarity(tr.answer, r.gold) == 1.0)
+  c_parsed, follow, gold = sum(c_parsed_l), sum(follow_l), sum(gold_l)
   n = len(items)
   rate = lambda a, b: a / b if b else None
+  acc_parsed = [c for c, q in zip(correct_l, parsed_l) if q]
   return dict(n=n, n_parsed=parsed, parse_rate=parsed / n, accuracy=correct / n,
               accuracy_parsed=rate(correct, parsed), own_trace=rate(own, parsed),
+              cis=dict(parse_rate=rate_ci(parsed_l), accuracy=rate_ci(correct_l),
+                       accuracy_parsed=rate_ci(acc_parsed), own_trace=rate_ci(own_l)),
               corrupted=dict(n=len(rows), n_parsed=c_parsed,
                              parse_rate=rate(c_parsed, len(rows)),
-                             follow=rate(follow, c_parsed), gold=rate(gold, c_parsed)),
+                             follow=rate(follow, c_parsed), gold=rate(gold, c_parsed),
+                             cis=dict(parse_rate=rate_ci(c_parsed_l), follow=rate_ci(follow_l),
+                                      gold=rate_ci(gold_l))),
               wall_s=round(time.time() - t0, 1))
 
 
@@ -94,23 +107,25 @@ def competence(reader, config: Any, dom: ar.ArithmeticDomain,
 
 
 def fmt_competence(name: str, c: dict) -> str:
-  f = lambda v: '—' if v is None else f'{v:.3f}'
-  k = c['corrupted']
+  """One log line: every rate with its 95% CI and n (`summary.fmt_rate`); the gate compares
+  the point values with the thresholds."""
+  k, m = c['corrupted'], c.get('memorised')
   return (f"{name}: {'competent' if c['competent'] else 'NOT competent'} on {c['n']} held-out "
-          f"problems: answer accuracy {f(c['accuracy'])} (>= {c['min_accuracy']}), parse rate "
-          f"{f(c['parse_rate'])} (>= {c['min_parse_rate']}), own-trace {f(c['own_trace'])}; "
-          f"corrupted step forced ({k['n']}): follow {f(k['follow'])}, gold {f(k['gold'])}, "
-          f"parse {f(k['parse_rate'])}" + ('' if 'memorised' not in c else
-          f"; memorised problems ({c['memorised']['n']}): accuracy "
-          f"{f(c['memorised']['accuracy'])}, corrupted step forced: follow "
-          f"{f(c['memorised']['corrupted']['follow'])}, gold "
-          f"{f(c['memorised']['corrupted']['gold'])}"))
+          f"problems (gate on the point values): answer accuracy {fmt_rate(c, 'accuracy')} "
+          f"(>= {c['min_accuracy']}), parse rate {fmt_rate(c, 'parse_rate')} "
+          f"(>= {c['min_parse_rate']}), own-trace {fmt_rate(c, 'own_trace')}; "
+          f"corrupted step forced ({k['n']}): follow {fmt_rate(k, 'follow')}, gold "
+          f"{fmt_rate(k, 'gold')}, parse {fmt_rate(k, 'parse_rate')}" + ('' if m is None else
+          f"; memorised problems ({m['n']}): accuracy {fmt_rate(m, 'accuracy')}, corrupted "
+          f"step forced: follow {fmt_rate(m['corrupted'], 'follow')}, gold "
+          f"{fmt_rate(m['corrupted'], 'gold')}"))
 
 
 def cache_key(config: Any, step: int, **extra) -> dict:
-  """What a cached competence.json was computed for: the eval section, the checkpoint step
-  and, with memorised problems, their number (a key without it: none)."""
-  key = dict(eval=config.eval.to_dict(), step=step, **extra)
+  """What a cached competence.json was computed for: the eval section, the checkpoint step,
+  the CIs' recipe (a check cached before its rates carried CIs is recomputed) and, with
+  memorised problems, their number (a key without it: none)."""
+  key = dict(eval=config.eval.to_dict(), step=step, cis=CIS, **extra)
   if int(config.data.get('memorised', 0)):
     key['memorised'] = int(config.data.memorised)
   return key

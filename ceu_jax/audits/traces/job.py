@@ -41,8 +41,8 @@ from ceu_jax.audits.traces import verdicts, worlds
 ROW_COLUMNS = ('reader', 'domain', 'id', 'trace_len', 'k', 'tau', 'parsed', 'parse_failure',
                'applied', 'undefined', 'answer', 'answer_after', 'regen_parsed', 'regen_failure',
                'S', 'phi', 'same', 'strength', 'strong', 'strength_unknown', 'violation', 'follows',
-               'identical', 'implied_before', 'implied_after', 'forced', 'continuation', 'raw',
-               'stratum')
+               'identical', 'implied_before', 'implied_after', 'implied_trace', 'forced',
+               'continuation', 'raw', 'stratum')
 FREE_FIELDS = ('plots',)  # may change between a run and its resumption
 
 
@@ -193,7 +193,8 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
   ctx.write_text('rows.csv', _csv(rows))
   md = [f"# Trace sensitivity ({summary['title']})", '', summary['describe'], '',
         f"τ_sim = {config.tau_sim}, λ = {config.lam}; φ = 1 − S(a, a*), "
-        'ρ = mean 1[S > τ_sim ∧ Strength > λ] over interventions of known strength; '
+        'ρ = mean 1[S ≥ τ_sim ∧ Strength > λ] over interventions of known strength (S ≥ τ_sim: '
+        'SPEC §8.2\'s offline rule, compared exactly, S as a fraction); '
         'follow = share of interventions whose a* is the answer the edited trace implies '
         '(where that answer is known; "Strength > λ": only edits that moved it). φ, ρ and '
         'follow are over regenerations that parse; the regeneration parse-failure rate, '
@@ -212,7 +213,10 @@ def _write_outputs(config, ctx: jobs.JobContext, parts: dict, summary: dict) -> 
            'the audit\'s prompt, parse and stop rules; accuracy counts an unparsed output as '
            'wrong; "corrupted step forced": one Strength-1 LogicFlip / FactReversal step per '
            'problem forced, the share of parsed answers equal to the answer the corrupted '
-           'trace implies (follow) and to the gold (gold). ' + verdicts.COMPETENCE_RULE[0].upper()
+           'trace implies (follow) and to the gold (gold). Each rate: value [95% percentile '
+           'bootstrap CI over problems, 1000 resamples, seed 42] (n); the competence gate '
+           'compares the point values with the thresholds. '
+           + verdicts.COMPETENCE_RULE[0].upper()
            + verdicts.COMPETENCE_RULE[1:] + ' (the [memorised] rows: the problems the '
            'fine-tunes were trained on).', '',
            competence_table(summary['competence'])]
@@ -280,22 +284,23 @@ def overview_table(summary: dict) -> str:
 
 def competence_table(competence: dict) -> str:
   """Markdown table of the readers' competence checks (held-out problems; with memorised
-  problems a second row per reader on them: competence is decided on held-out ones)."""
-  f = lambda v: '—' if v is None else f'{v:.3f}'  # noqa: E731
+  problems a second row per reader on them: competence is decided on held-out ones). Every
+  rate: value [95% CI] (n) (`summary.fmt_rate`; '(no CI)' for a check made before CIs)."""
+  f = tsum.fmt_rate
   lines = ['| reader | competent | n | answer accuracy | parse rate | own trace | corrupted n | '
            'follow | gold | corrupted parse | wall (s) |', '|---|---|---:|---|---|---|---:|---|---|---|---:|']
   for r, c in competence.items():
     k = c['corrupted']
     lines.append(f"| {r} | {'yes' if c['competent'] else '**no**'} | {c['n']} | "
-                 f"{f(c['accuracy'])} (≥ {c['min_accuracy']}) | {f(c['parse_rate'])} "
-                 f"(≥ {c['min_parse_rate']}) | {f(c['own_trace'])} | {k['n']} | {f(k['follow'])} | "
-                 f"{f(k['gold'])} | {f(k['parse_rate'])} | {c['wall_s']:.0f} |")
+                 f"{f(c, 'accuracy')} (≥ {c['min_accuracy']}) | {f(c, 'parse_rate')} "
+                 f"(≥ {c['min_parse_rate']}) | {f(c, 'own_trace')} | {k['n']} | "
+                 f"{f(k, 'follow')} | {f(k, 'gold')} | {f(k, 'parse_rate')} | {c['wall_s']:.0f} |")
     if 'memorised' in c:
       m = c['memorised']
       k = m['corrupted']
-      lines.append(f"| {r} [memorised] | — | {m['n']} | {f(m['accuracy'])} | "
-                   f"{f(m['parse_rate'])} | {f(m['own_trace'])} | {k['n']} | {f(k['follow'])} | "
-                   f"{f(k['gold'])} | {f(k['parse_rate'])} | {m['wall_s']:.0f} |")
+      lines.append(f"| {r} [memorised] | — | {m['n']} | {f(m, 'accuracy')} | "
+                   f"{f(m, 'parse_rate')} | {f(m, 'own_trace')} | {k['n']} | {f(k, 'follow')} | "
+                   f"{f(k, 'gold')} | {f(k, 'parse_rate')} | {m['wall_s']:.0f} |")
   return '\n'.join(lines)
 
 

@@ -6,6 +6,7 @@
                     τ, k, trace length, domain × τ and domain × trace length, undefined
                     interventions by reason
   table / by_length_table / fmt   the report's markdown
+  rate_ci / fmt_rate   a competence rate with its CI and n, and how it is printed
 
 Every φ, ρ and follow rate is over regenerations that parse (`audit` module doc);
 the regeneration parse-failure rate and the counts of undefined interventions and of
@@ -19,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ceu_jax.audits.traces.audit import BREAKDOWNS, CI_SEED, EDIT_TAUS, IDENTITY, TAU_SIM
-from ceu_jax.metrics.resampling import bootstrap, fmt_ci
+from ceu_jax.metrics.resampling import bootstrap, fmt_ci, mean_ci
 
 
 def ratio_of_sums(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -59,7 +60,7 @@ def cell(rows: Sequence[dict], *, seed: int = CI_SEED) -> dict:
   parse (n_regen_unparsed of n; regen_failure: by reason) — left out of everything below. phi: mean φ; rho: mean V
   over rows of known Strength; follow: share with a* = the edited trace's implied answer
   over rows where that answer is known; follow_strong: the same over rows with Strength > λ
-  (the edit moved the implied answer); same_unknown: share with S > τ_sim among rows of
+  (the edit moved the implied answer); same_unknown: share with S ≥ τ_sim among rows of
   unknown Strength (n_unknown_strength; strength_unknown counts every applied row of unknown
   Strength by reason). Sensitivity columns, the former convention (an unparseable
   regeneration is a changed answer, S = 0): phi_unparsed_as_changed, rho_unparsed_as_changed.
@@ -161,6 +162,23 @@ def fmt_n(a: dict) -> str:
   return '—' if not a or a.get('value') is None else f"{fmt(a)} ({a['n']})"
 
 
+def rate_ci(hits: Sequence, seed: int = CI_SEED) -> dict:
+  """A rate of 0/1 outcomes (one per problem) with its percentile bootstrap 95% CI and n
+  (SPEC §8: 1,000 resamples, seed 42; `mean_ci`); empty: value None, n 0."""
+  return mean_ci(np.asarray(hits, dtype=np.float64), seed=seed).to_dict()
+
+
+def fmt_rate(part: dict, name: str) -> str:
+  """'value [lo, hi] (n=..)' of rate `name` of a competence check from its `cis`; a check
+  computed before its CIs were kept (a cached competence.json, a recorded run): the point
+  value alone, marked '(no CI)'; '—' when absent."""
+  ci = (part.get('cis') or {}).get(name)
+  if ci is not None:
+    return fmt_ci(ci, with_n=True)
+  v = part.get(name)
+  return '—' if v is None else f'{v:.3f} (no CI)'
+
+
 def _reasons(d: dict) -> str:
   return ', '.join(f'{r} {n}' for r, n in d.items()) or '—'
 
@@ -169,7 +187,7 @@ def table(summary: dict) -> str:
   """Markdown table of φ, ρ and the follow rate by domain × τ (and the identity check)."""
   lines = ['| domain | τ | applied | regen parse fail | φ [95% CI] | ρ [95% CI] | '
            'follow [95% CI] (n) | follow, Strength > λ (n) | Strength unknown '
-           '(S > τ_sim among them) | not applied | φ / ρ if unparsed = changed |',
+           '(S ≥ τ_sim among them) | not applied | φ / ρ if unparsed = changed |',
            '|---|---|---:|---:|---|---|---|---|---|---|---|']
   undefined = summary.get('undefined', {})
   for d in sorted(set(summary['domain_tau']) | set(undefined)):
