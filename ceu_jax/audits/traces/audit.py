@@ -75,6 +75,11 @@ EDIT_TAUS = TAUS[1:]  # the four interventions of SPEC §8.2 (identity is the in
 TAU_SIM = 0.8  # SPEC §8.2 default τ_sim
 LAMBDA = 0.5  # SPEC §8.2 default λ
 CI_SEED = 42  # SPEC §8 bootstrap seed
+# Bumped when a unit's rows under the same config change (part of the job's record, so a
+# run's units scored under earlier rules are not resumed). 2 (review 823): S ≥ τ_sim
+# exact; chain Strength from the same-extent prefix, unknown past the chain; one budget
+# per regeneration; positions past a trace counted; the identity forces the reader's bytes.
+RULES_VERSION = 2
 BREAKDOWNS = ('domain', 'tau', 'k', 'trace_len')
 NO_RECOMPUTATION = 'no_recomputation'  # Strength unknown: the domain has no function for τ
 

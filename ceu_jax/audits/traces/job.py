@@ -58,6 +58,11 @@ class TraceSensitivityJob(jobs.Job):
     self.positions = tuple(config.positions) or None
     self._readers: dict = {}
 
+  def record(self):
+    """The config and the version of the audit's rules (`audit.RULES_VERSION`): units
+    scored under earlier rules are never resumed with these (refused, naming the field)."""
+    return {**jobs.plain(self.config), 'rules_version': ts.RULES_VERSION}
+
   def prepare(self, ctx):
     self.world.prepare(ctx.workdir, ctx.log)
 
