@@ -248,7 +248,7 @@ def test_bad_token_records_are_counted(world):
                                             cannot_hold_insert=1)
   assert out.skipped_ids['cannot_hold_insert'] == ['no_room']
   with pytest.raises(ValueError, match='value_for_key'):
-    aw.ATRMedium(dataclasses.replace(SMOKE, variant='key_for_value'))
+    aw.ATRMedium(dataclasses.replace(SMOKE, variant='key_for_value', rho=0.0))
   with pytest.raises(ValueError, match='for_panel'):
     m.remove(r.context if m.present(r.context, r.golds) else m.insert_prepend(r.context, r.golds[0]),
              r.golds, m.sentinels['natural'])
