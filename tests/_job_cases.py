@@ -182,3 +182,16 @@ if __name__ == "__main__":
   case = BY_NAME[sys.argv[1]]
   die_in_unit(case.job_class(), int(sys.argv[3]))
   case.run(case.config(), sys.argv[2], lambda m: print(m, flush=True))
+
+
+def refuses_a_record_without(job, field: str, workdir) -> None:
+  """A workdir whose job.json holds `job`'s record less `field` (a run written before the
+  field existed) is refused by the job contract, the message naming the field."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  from ceu_jax import jobs  # pylint: disable=g-import-not-at-top
+  old = {k: v for k, v in job.record().items() if k != field}
+  with open(os.path.join(str(workdir), jobs.JOB_FILE), 'w') as f:
+    json.dump({'job': job.name, 'config': old}, f)
+  with pytest.raises(jobs.JobConfigError, match=field):
+    jobs.check_record(job, str(workdir), dry=True)

@@ -62,12 +62,10 @@ def test_a_world_a_run_under_the_earlier_b4_is_not_resumed(tmp_path):
   other worlds' records are their configs, as before."""
   from ceu_jax import jobs  # pylint: disable=g-import-not-at-top
   from ceu_jax.audits.answer_presence import atr_world  # pylint: disable=g-import-not-at-top
+  from tests._job_cases import refuses_a_record_without  # pylint: disable=g-import-not-at-top
   a = job.AnswerPresenceJob(cfg.get_config('tiny'))
   assert a.record()['rewriter_version'] == atr_world.REWRITER_VERSION == 2
-  old = {k: v for k, v in a.record().items() if k != 'rewriter_version'}
-  (tmp_path / jobs.JOB_FILE).write_text(json.dumps({'job': a.name, 'config': old}))
-  with pytest.raises(jobs.JobConfigError, match='rewriter_version'):
-    jobs.check_record(a, str(tmp_path), dry=True)
+  refuses_a_record_without(a, 'rewriter_version', tmp_path)
   g = job.AnswerPresenceJob(cfg.get_config('tiny,world=generated'))
   assert g.record() == jobs.plain(g.config)
 

@@ -183,15 +183,12 @@ def test_a_world_a_tool_run_forced_the_earlier_way_is_not_resumed(tmp_path):
   """World A with the tool records the forced prefix's version: a workdir whose job.json
   predates it (M* without the TOOL cue) is refused, naming the field; without the tool
   the record is the config, as before."""
-  import json  # pylint: disable=g-import-not-at-top
   from ceu_jax import jobs  # pylint: disable=g-import-not-at-top
   from ceu_jax.audits.mediator import checklist_world, job as mjob  # pylint: disable=g-import-not-at-top
   from configs import mediator as mcfg  # pylint: disable=g-import-not-at-top
+  from tests._job_cases import refuses_a_record_without  # pylint: disable=g-import-not-at-top
   a = mjob.MediatorJob(mcfg.get_config('tiny,world=oracle,tools=on'))
   assert a.record()['tool_prefix_version'] == checklist_world.TOOL_PREFIX_VERSION == 2
-  old = {k: v for k, v in a.record().items() if k != 'tool_prefix_version'}
-  (tmp_path / jobs.JOB_FILE).write_text(json.dumps({'job': a.name, 'config': old}))
-  with pytest.raises(jobs.JobConfigError, match='tool_prefix_version'):
-    jobs.check_record(a, str(tmp_path), dry=True)
+  refuses_a_record_without(a, 'tool_prefix_version', tmp_path)
   off = mjob.MediatorJob(mcfg.get_config('tiny,world=oracle,tools=off'))
   assert off.record() == jobs.plain(off.config)

@@ -88,14 +88,11 @@ def test_bad_config_fails_before_any_work(tmp_path, field, value, match):
 def test_a_run_scored_under_earlier_rules_is_not_resumed(tmp_path):
   """The job's record carries the audit's rules version: a workdir whose job.json
   predates it is refused, naming the field, so no unit of the earlier rules is mixed in."""
-  from ceu_jax import jobs  # pylint: disable=g-import-not-at-top
   from ceu_jax.audits.traces import audit as ts  # pylint: disable=g-import-not-at-top
+  from tests._job_cases import refuses_a_record_without  # pylint: disable=g-import-not-at-top
   a = trace_job.TraceSensitivityJob(cfgs.get_config('tiny,readers=oracles'))
   assert a.record()['rules_version'] == ts.RULES_VERSION == 2
-  old = {k: v for k, v in a.record().items() if k != 'rules_version'}
-  (tmp_path / jobs.JOB_FILE).write_text(json.dumps({'job': a.name, 'config': old}))
-  with pytest.raises(jobs.JobConfigError, match='rules_version'):
-    jobs.check_record(a, str(tmp_path), dry=True)
+  refuses_a_record_without(a, 'rules_version', tmp_path)
 
 
 def test_config_arguments():
