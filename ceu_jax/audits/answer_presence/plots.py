@@ -50,6 +50,7 @@ def effects_figure(readers: Mapping, stem: str) -> list[str]:
     if cells:
       ax.legend(fontsize=7)
   fig.suptitle('Answer-presence edits of the compiled context', fontsize=10)
+  fig.tight_layout(rect=(0, 0, 1, 0.94))   # no panel's labels over its neighbour's
   return plotting.save_figure(fig, stem)
 
 
@@ -66,4 +67,5 @@ def panel_figure(readers: Mapping, stem: str) -> list[str]:
                   ha='right')
     ax.set_ylabel('token F1 × 100 (95% CI)')
     ax.set_title(f"{name}: {readers[name]['panel']['verdicts']['text']}", fontsize=8)
+  fig.tight_layout()
   return plotting.save_figure(fig, stem)
