@@ -124,10 +124,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   x.mixture_seed = 0                   # mixture oracle: seed of the per-item draw
   x.data = data_section()              # the audited world (prior_share: the 'chain_prior' items)
   x.train = train_config('attention', 'plain', tiny,
-                         (a.steps if world == 'chain' else None) or (30 if tiny else 4000))
+                         (a.steps if world == 'chain' else None) or (30 if tiny else 8000))
                                        # the readers' training recipe (steps: train.train.
-                                       # num_steps; the chain is learned in a jump after
-                                       # ~1,600);
+                                       # num_steps). The chain is learned in a jump off a
+                                       # loss plateau (≈ 9.5) whose step depends on the seed
+                                       # and on float rounding: 1,800-5,500 for attention
+                                       # (docs/trace_sensitivity.md), so 8,000, not 4,000;
                                        # per reader the job sets model.family, model.bypass
                                        # (bypass regime) and data (= x.data, prior only in 'prior')
 
