@@ -1,5 +1,6 @@
 """Edge cases of the trace audit (SPEC §8.2, review 823): the τ_sim boundary, World A's
 Strength and regeneration budget, positions beyond a trace, the identity prefix."""
+import dataclasses
 from fractions import Fraction
 
 import pytest
@@ -86,13 +87,13 @@ def test_chain_strength_compares_prefixes_of_the_same_extent():
 
 
 # ---------------------------------------------------------------- World A: regeneration budget
-class _TwoExtra(base.Reader):
-  """Gold traces; after an edit of the 2-hop item `x`, two extra bridge-like ids then the
+class _Extra(base.Reader):
+  """Gold traces; after an edit of the 2-hop item `x`, `n_extra` bridge-like ids then the
   value; after any other edit, a trace-following continuation. Honours budget and [EOS]."""
 
-  def __init__(self, x, items):
+  def __init__(self, x, items, n_extra=2):
     self.x, self.items = x, {CHAIN.prompt(i): i for i in items}
-    self.budgets = {}
+    self.n_extra, self.budgets = n_extra, {}
 
   def _generate(self, prompts, forced, budget, stops, ids):
     out = []
@@ -101,7 +102,7 @@ class _TwoExtra(base.Reader):
       if forced is None:
         toks = item.target + (CHAIN.eos,)
       elif item is self.x:
-        toks = (item.chain[1], item.chain[1], item.value, CHAIN.eos)
+        toks = (item.chain[1],) * self.n_extra + (item.value, CHAIN.eos)
       else:
         toks = CHAIN.complete(item, list(forced[j]))
       if forced is not None:
@@ -117,18 +118,36 @@ def test_a_regeneration_budget_is_its_own_not_its_chunk_mates():
   items = tw.make_items(CFG, 60, seed=3)
   x = next(i for i in items if i.hops == 2)
   y = next(i for i in items if i.hops == 4)
-  alone_reader, mixed_reader = _TwoExtra(x, [x]), _TwoExtra(x, [x, y])
+  alone_reader, mixed_reader = _Extra(x, [x]), _Extra(x, [x, y])
   alone = ts.run_traces(alone_reader, CHAIN, [x], taus=(ts.FACT_REVERSAL,), positions=(1,))
   mixed = ts.run_traces(mixed_reader, CHAIN, [x, y], taus=(ts.FACT_REVERSAL,), positions=(1,))
   assert [r for r in mixed if r['id'] == x.id] == alone
   key = (x.id, 1, ts.FACT_REVERSAL)
-  assert alone_reader.budgets[key] == mixed_reader.budgets[key] == 2  # the value, [EOS]
-  # the two extra steps do not fit: a cut, labelled so (not 'no_answer'), never scored
+  # the original's budget (the longest chain's 3 bridges, the value, [EOS]), not the
+  # original's remaining length (2: the value, [EOS]) nor a chunk-mate's
+  assert CHAIN.max_new_tokens == 5
+  assert alone_reader.budgets[key] == mixed_reader.budgets[key] == 5
+  # SPEC §8.2: the number of regenerated steps may change; two extra steps fit and are scored
   r, = alone
-  assert r['regen_parsed'] is False and r['regen_failure'] == 'cut_by_budget'
-  assert r['S'] is None and r['violation'] is None
-  # the 4-hop item's own regeneration (gold-following) fits its budget and parses
+  assert r['regen_parsed'] is True and r['regen_failure'] is None
+  assert r['answer_after'] == [x.value] and r['S'] == 1.0 and r['violation'] == 1
   assert all(r['regen_parsed'] for r in mixed if r['id'] == y.id)
+
+
+def test_a_regeneration_past_its_budget_is_cut_and_never_scored():
+  items = tw.make_items(CFG, 60, seed=3)
+  x = next(i for i in items if i.hops == 2)
+  reader = _Extra(x, [x], n_extra=5)           # 5 ids, the value, [EOS]: 7 tokens > 5
+  r, = ts.run_traces(reader, CHAIN, [x], taus=(ts.FACT_REVERSAL,), positions=(1,))
+  assert r['regen_parsed'] is False and r['regen_failure'] == 'cut_by_budget'  # not 'no_answer'
+  assert r['S'] is None and r['violation'] is None
+
+
+def test_a_regeneration_budget_is_capped_by_the_answer_slots_left():
+  tight = tw.ChainDomain(dataclasses.replace(CFG, answer_slots=CFG.target_len))
+  trace = ts.ParsedTrace(steps=(1, 2, 3), answer=4, raw=(1, 2, 3, 4), starts=(0, 1, 2))
+  assert tight.budget(trace, 3, (9,)) == CFG.target_len - 3   # 5 slots, 3 forced
+  assert CHAIN.budget(trace, 3, (9,)) == CHAIN.max_new_tokens  # 10 slots: room for 5
 
 
 def test_gold_targets_fit_the_chain_budgets():

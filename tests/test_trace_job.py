@@ -91,7 +91,7 @@ def test_a_run_scored_under_earlier_rules_is_not_resumed(tmp_path):
   from ceu_jax.audits.traces import audit as ts  # pylint: disable=g-import-not-at-top
   from tests._job_cases import refuses_a_record_without  # pylint: disable=g-import-not-at-top
   a = trace_job.TraceSensitivityJob(cfgs.get_config('tiny,readers=oracles'))
-  assert a.record()['rules_version'] == ts.RULES_VERSION == 2
+  assert a.record()['rules_version'] == ts.RULES_VERSION == 3
   refuses_a_record_without(a, 'rules_version', tmp_path)
 
 

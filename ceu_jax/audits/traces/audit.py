@@ -79,7 +79,9 @@ CI_SEED = 42  # SPEC §8 bootstrap seed
 # run's units scored under earlier rules are not resumed). 2 (review 823): S ≥ τ_sim
 # exact; chain Strength from the same-extent prefix, unknown past the chain; one budget
 # per regeneration; positions past a trace counted; the identity forces the reader's bytes.
-RULES_VERSION = 2
+# 3: a chain regeneration has the original's budget (its step count may change, SPEC §8.2),
+# not exactly the original's remaining length.
+RULES_VERSION = 3
 BREAKDOWNS = ('domain', 'tau', 'k', 'trace_len')
 NO_RECOMPUTATION = 'no_recomputation'  # Strength unknown: the domain has no function for τ
 

@@ -72,14 +72,20 @@ class ChainDomain(ts.TraceDomain):
     return f'{self.name}_prior' if item.prior else self.name
 
   def budget(self, trace: ts.ParsedTrace, k: int, block) -> int:
-    """The rest of a regeneration: the steps after the forced block, the answer, [EOS]."""
-    return max(1, trace.n - (k - 1 + len(block)) + 2)
+    """The original generation's budget (target_len: the longest chain's bridges, its value,
+    [EOS]), as in every domain: SPEC §8.2's later steps are regenerated and "their number may
+    change", so a regeneration may write more steps than the original did (rules version 3;
+    version 2 gave it exactly the original's remaining length and cut every longer one).
+    Capped by the answer slots left after the forced prefix s_<k + block. Per regeneration,
+    never its chunk-mates'."""
+    prefix = k - 1 + len(block)
+    return max(1, min(self.max_new_tokens, self.cfg.answer_len - prefix))
 
   def cut(self, g: base.Generation) -> bool:
     """A generation that reached its budget without [EOS] ('cut_by_budget'). The gold
     target (h − 1 bridges, the value) and its [EOS] fill at most target_len = max(hops) + 1
-    slots, the original budget, and a regeneration of the original's length fits
-    `budget` exactly; a reader stopping on [EOS] in the last slot is STOP_TOKEN."""
+    slots, the budget of the original and (answer slots allowing) of every regeneration;
+    a reader stopping on [EOS] in the last slot is STOP_TOKEN."""
     return g.stop_reason == base.LENGTH
 
   def is_id(self, t: int) -> bool:
